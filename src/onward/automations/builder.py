@@ -1,0 +1,86 @@
+"""Build an automation in Python; ``build()`` returns the same document YAML would give.
+
+    flow = (
+        Automation("welcome")
+        .step("greet", "set", values={"greeting": "'hello ' + input.name"})
+        .step("pause", "wait_for", duration="2s")
+        .branch("check", cases=[("vars.greeting != ''", "done")], default="greet")
+        .step("done", "set", values={"finished": "true"})
+    )
+    onward.publish(pool, flow.build())
+
+Steps are linked in the order they are added unless ``next=`` says otherwise; ``end=True``
+leaves a step without a successor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_UNSET: Any = object()
+
+
+class Automation:
+    def __init__(
+        self,
+        automation_id: str,
+        *,
+        name: str | None = None,
+        max_steps: int | None = None,
+        max_age: str | float | None = None,
+    ) -> None:
+        self.id = automation_id
+        self.name = name
+        self.budget: dict[str, Any] = {}
+        if max_steps is not None:
+            self.budget["max_steps"] = max_steps
+        if max_age is not None:
+            self.budget["max_age"] = max_age
+        self._steps: list[dict[str, Any]] = []
+        self._explicit_next: set[int] = set()
+
+    def step(
+        self,
+        step_id: str,
+        kind: str,
+        *,
+        next: str | None = _UNSET,
+        end: bool = False,
+        lane: str | None = None,
+        **params: Any,
+    ) -> Automation:
+        entry: dict[str, Any] = {"id": step_id, "kind": kind}
+        if params:
+            entry["with"] = params
+        if lane:
+            entry["lane"] = lane
+        index = len(self._steps)
+        if next is not _UNSET and next is not None:
+            entry["next"] = next
+        if next is not _UNSET or end:
+            self._explicit_next.add(index)
+        self._steps.append(entry)
+        return self
+
+    def branch(
+        self, step_id: str, *, cases: list[tuple[str, str]], default: str | None = None
+    ) -> Automation:
+        params: dict[str, Any] = {"cases": [{"when": w, "next": n} for w, n in cases]}
+        if default:
+            params["default"] = default
+        return self.step(step_id, "branch", next=None, **params)
+
+    def goto(self, step_id: str, target: str) -> Automation:
+        return self.step(step_id, "goto", next=None, target=target)
+
+    def build(self) -> dict[str, Any]:
+        steps = [dict(s) for s in self._steps]
+        for i, s in enumerate(steps[:-1]):
+            if i not in self._explicit_next and "next" not in s:
+                s["next"] = steps[i + 1]["id"]
+        doc: dict[str, Any] = {"id": self.id, "steps": steps}
+        if self.name:
+            doc["name"] = self.name
+        if self.budget:
+            doc["budget"] = dict(self.budget)
+        return doc

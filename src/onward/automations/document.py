@@ -1,0 +1,137 @@
+"""The automation document: what people draw, as data (YAML or JSON).
+
+A document has an ``id``, optional ``budget``, an optional ``start`` (default: the first step),
+and a list of ``steps``. Each step has a stable ``id`` (kept across edits, so runs can be
+migrated between versions), a ``kind`` from the registry, an optional static ``next``, and the
+kind's parameters under ``with``::
+
+    id: welcome
+    budget: {max_steps: 50, max_age: 7d}
+    steps:
+      - id: greet
+        kind: set
+        with: {values: {greeting: "'hello ' + input.name"}}
+        next: pause
+      - id: pause
+        kind: wait_for
+        with: {duration: 2s}
+        next: check
+      - id: check
+        kind: branch
+        with:
+          cases: [{when: "vars.greeting != ''", next: done}]
+          default: greet
+      - id: done
+        kind: set
+        with: {values: {finished: "true"}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from onward.durations import parse_duration
+from onward.errors import InvalidAutomation
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+
+
+class RetryPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_attempts: int = Field(default=5, ge=1, le=100)
+    base: float = Field(default=1.0, gt=0, description="seconds; first backoff ceiling")
+    cap: float = Field(default=300.0, gt=0, description="seconds; largest backoff ceiling")
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_steps: int = Field(default=1000, ge=1, le=1_000_000)
+    max_age: str | float = "30d"
+
+    @field_validator("max_age")
+    @classmethod
+    def _duration(cls, v: str | float) -> str | float:
+        parse_duration(v)
+        return v
+
+    @property
+    def max_age_seconds(self) -> float:
+        return parse_duration(self.max_age)
+
+
+class StepDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    id: str = Field(pattern=ID_PATTERN)
+    kind: str
+    next: str | None = None
+    lane: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict, alias="with")
+    retry: RetryPolicy | None = None
+    timeout: str | float | None = None
+    description: str | None = None
+
+
+class AutomationDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=ID_PATTERN)
+    name: str | None = None
+    description: str | None = None
+    start: str | None = None
+    budget: Budget = Field(default_factory=Budget)
+    steps: list[StepDef] = Field(min_length=1)
+
+    @property
+    def start_step(self) -> str:
+        return self.start or self.steps[0].id
+
+    def step(self, step_id: str) -> StepDef:
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    def canonical(self) -> dict[str, Any]:
+        """The stored form: aliases applied, defaults filled, so equal content digests equal."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def digest(self) -> str:
+        raw = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def parse_text(text: str, *, source: str = "<document>") -> dict[str, Any]:
+    """YAML (a superset of JSON) text to a mapping, with a clear error if it is neither."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidAutomation([f"{source}: not valid YAML/JSON: {exc}"]) from exc
+    if not isinstance(data, dict):
+        raise InvalidAutomation([f"{source}: the document must be a mapping with id and steps"])
+    return data
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidAutomation([f"{p}: cannot read: {exc.strerror}"]) from exc
+    return parse_text(text, source=str(p))
+
+
+def parse_model(data: dict[str, Any]) -> AutomationDoc:
+    """Structural validation only (shapes and types); see ``validate`` for the graph checks."""
+    try:
+        return AutomationDoc.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "document"
+            problems.append(f"{where}: {err['msg']}")
+        raise InvalidAutomation(problems) from None

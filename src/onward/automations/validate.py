@@ -1,0 +1,78 @@
+"""Graph checks of an automation document against the step-kind registry.
+
+Every problem is collected (not just the first) so a person can fix a document in one pass:
+unknown step kind, duplicate step id, a transition to a step that does not exist, a step no
+path from ``start`` reaches, bad kind parameters, bad CEL. Nothing is stored unless the list
+is empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from onward.automations.document import AutomationDoc, parse_model
+from onward.durations import parse_duration
+from onward.errors import InvalidAutomation
+from onward.kinds import LANES, Registry
+
+
+def validate(data: dict[str, Any] | AutomationDoc, registry: Registry) -> AutomationDoc:
+    """Return the parsed document, or raise ``InvalidAutomation`` listing every problem."""
+    doc = data if isinstance(data, AutomationDoc) else parse_model(data)
+    problems: list[str] = []
+    ids: set[str] = set()
+    for step in doc.steps:
+        if step.id in ids:
+            problems.append(f"duplicate step id {step.id!r}")
+        ids.add(step.id)
+
+    edges: dict[str, list[str]] = {}
+    for step in doc.steps:
+        spec = registry.get(step.kind)
+        if spec is None:
+            known = ", ".join(registry.names())
+            problems.append(f"step {step.id}: unknown step kind {step.kind!r} (known: {known})")
+            edges[step.id] = [step.next] if step.next else []
+            continue
+        if step.lane is not None and step.lane not in LANES:
+            problems.append(f"step {step.id}: unknown lane {step.lane!r} (choose one of {LANES})")
+        if step.timeout is not None:
+            try:
+                parse_duration(step.timeout)
+            except ValueError as exc:
+                problems.append(f"step {step.id}: timeout: {exc}")
+        try:
+            params = spec.parse_params(step.params)
+        except ValidationError as exc:
+            for err in exc.errors():
+                where = ".".join(str(p) for p in err["loc"])
+                problems.append(f"step {step.id}: with.{where}: {err['msg']}")
+            edges[step.id] = [step.next] if step.next else []
+            continue
+        problems.extend(spec.check(step, params))
+        edges[step.id] = spec.successors(step, params)
+
+    if doc.start is not None and doc.start not in ids:
+        problems.append(f"start {doc.start!r} is not a step")
+    for source, targets in edges.items():
+        for target in targets:
+            if target not in ids:
+                problems.append(f"step {source}: transition to unknown step {target!r}")
+
+    reached: set[str] = set()
+    frontier = [doc.start_step] if doc.start_step in ids else []
+    while frontier:
+        current = frontier.pop()
+        if current in reached:
+            continue
+        reached.add(current)
+        frontier.extend(t for t in edges.get(current, []) if t in ids)
+    for step in doc.steps:
+        if step.id not in reached and doc.start_step in ids:
+            problems.append(f"step {step.id}: unreachable from start {doc.start_step!r}")
+
+    if problems:
+        raise InvalidAutomation(problems)
+    return doc

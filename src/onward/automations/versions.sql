@@ -1,0 +1,44 @@
+-- name: lock_automation
+-- Upsert the automation row and lock it, so two publishers of one automation serialise.
+INSERT INTO automations (org_id, automation_id, latest_version)
+VALUES (%(org_id)s, %(automation_id)s, 0)
+ON CONFLICT (org_id, automation_id) DO UPDATE SET updated_at = automations.updated_at
+RETURNING latest_version;
+
+-- name: find_by_digest
+-- A version with exactly this content, if one was published already.
+SELECT version FROM automation_versions
+WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND digest = %(digest)s;
+
+-- name: insert_version
+-- Versions are immutable: inserted once, never updated.
+WITH v AS (
+    INSERT INTO automation_versions (org_id, automation_id, version, digest, document)
+    VALUES (%(org_id)s, %(automation_id)s, %(version)s, %(digest)s, %(document)s)
+    RETURNING version
+)
+UPDATE automations SET latest_version = (SELECT version FROM v), updated_at = now()
+WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+RETURNING latest_version;
+
+-- name: get_version
+-- One published version's document.
+SELECT version, digest, document, published_at FROM automation_versions
+WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND version = %(version)s;
+
+-- name: latest
+-- The newest published version of an automation.
+SELECT a.latest_version AS version, v.document
+FROM automations a
+JOIN automation_versions v USING (org_id, automation_id)
+WHERE a.org_id = %(org_id)s AND a.automation_id = %(automation_id)s
+  AND v.version = a.latest_version;
+
+-- name: list_automations
+-- Every automation of an organisation with its latest version.
+SELECT automation_id, latest_version, updated_at FROM automations
+WHERE org_id = %(org_id)s AND latest_version > 0 ORDER BY automation_id;
+
+-- name: ensure_org
+-- Organisations are created on first use.
+INSERT INTO organisations (org_id) VALUES (%(org_id)s) ON CONFLICT (org_id) DO NOTHING;

@@ -1,0 +1,80 @@
+"""Settings read from ``ONWARD_*`` environment variables, overridable by CLI flags.
+
+Nothing is required for the demo: with no ``ONWARD_DATABASE_URL`` onward starts an embedded
+PostgreSQL in ``ONWARD_DATA_DIR`` (default ``./.onward``), and the queue defaults to PostgreSQL
+LISTEN/NOTIFY, which needs no extra service.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from onward.errors import ConfigError
+
+QUEUES = ("postgres", "redis", "none")
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a number") from exc
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(_env_float(name, default))
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = None  # None: start the embedded PostgreSQL
+    data_dir: str = ".onward"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    queue: str = "postgres"
+    queue_prefix: str = "onward"
+    redis_allow_eviction: bool = False  # downgrade the noeviction check to a loud warning
+    org_id: str = "default"
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    poll_seconds: float = 2.0  # backstop poll for ready steps when no wake arrives
+    sweep_seconds: float = 2.0
+    relay_batch: int = 200
+    shutdown_grace_seconds: float = 10.0
+    max_payload_bytes: int = 256 * 1024
+    default_max_steps: int = 1000
+    default_max_age_seconds: float = 30 * 86400.0
+    lanes: dict[str, int] = field(
+        default_factory=lambda: {"fast": 64, "io": 32, "slow": 8, "wait": 64}
+    )
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        s = cls(
+            database_url=os.environ.get("ONWARD_DATABASE_URL") or None,
+            data_dir=os.environ.get("ONWARD_DATA_DIR", ".onward"),
+            redis_url=os.environ.get("ONWARD_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            queue=os.environ.get("ONWARD_QUEUE", "postgres"),
+            queue_prefix=os.environ.get("ONWARD_QUEUE_PREFIX", "onward"),
+            redis_allow_eviction=os.environ.get("ONWARD_REDIS_ALLOW_EVICTION", "") in ("1", "true"),
+            org_id=os.environ.get("ONWARD_ORG", "default"),
+            lease_seconds=_env_float("ONWARD_LEASE_SECONDS", 30.0),
+            heartbeat_seconds=_env_float("ONWARD_HEARTBEAT_SECONDS", 10.0),
+            poll_seconds=_env_float("ONWARD_POLL_SECONDS", 2.0),
+            sweep_seconds=_env_float("ONWARD_SWEEP_SECONDS", 2.0),
+            shutdown_grace_seconds=_env_float("ONWARD_SHUTDOWN_GRACE_SECONDS", 10.0),
+            max_payload_bytes=_env_int("ONWARD_MAX_PAYLOAD_BYTES", 256 * 1024),
+        )
+        s = replace(s, **{k: v for k, v in overrides.items() if v is not None})
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        if self.queue not in QUEUES:
+            raise ConfigError(f"ONWARD_QUEUE={self.queue!r}: choose one of {', '.join(QUEUES)}")
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ConfigError("the heartbeat interval must be shorter than the lease")

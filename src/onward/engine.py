@@ -1,0 +1,207 @@
+"""The engine: one object that holds the pool, the queue and the registry, and starts the
+background services of a process (workers, relay, sweeper).
+
+    async with Engine.open() as engine:          # embedded PostgreSQL if no URL is set
+        await engine.publish(document)
+        started = await engine.start("welcome", {"name": "Maya"}, event_id="evt_1")
+        async with engine.running():             # worker + relay + sweeper in this process
+            status = await engine.wait(started.run_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
+from onward.automations.document import AutomationDoc
+from onward.automations.versions import Published, VersionCache, publish
+from onward.config import Settings
+from onward.db import make_pool, resolve_url
+from onward.db.migrate import apply as apply_migrations
+from onward.errors import UnknownRun
+from onward.history import list_runs, run_view
+from onward.kinds import Registry
+from onward.kinds import registry as default_registry
+from onward.outbox import Relay
+from onward.queue import Queue, make_queue
+from onward.start import Started, start_run
+from onward.sweep import Sweeper
+from onward.worker import Worker, new_worker_id
+
+log = logging.getLogger("onward")
+
+TERMINAL = frozenset({"completed", "failed", "cancelled", "exceeded"})
+
+
+@dataclass
+class Services:
+    """The background services running in this process."""
+
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    worker: Worker | None = None
+    relay: Relay | None = None
+    sweeper: Sweeper | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(
+        self,
+        settings: Settings,
+        url: str,
+        pool: AsyncConnectionPool,
+        queue: Queue,
+        registry: Registry,
+    ) -> None:
+        self.settings, self.url, self.pool, self.queue = settings, url, pool, queue
+        self.registry = registry
+        self.versions = VersionCache(pool)
+        self.org_id = settings.org_id
+        self.id = new_worker_id()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        settings: Settings | None = None,
+        *,
+        migrate: bool = True,
+        registry: Registry | None = None,
+        pool_size: int = 10,
+        start_queue: bool = True,
+    ) -> AsyncIterator[Engine]:
+        settings = settings or Settings.from_env()
+        url = await asyncio.to_thread(resolve_url, settings)
+        if migrate:
+            await asyncio.to_thread(apply_migrations, url)
+        pool = make_pool(url, max_size=pool_size)
+        await pool.open(wait=True)
+        queue = make_queue(settings, url)
+        try:
+            if start_queue:
+                await queue.start()
+            yield cls(settings, url, pool, queue, registry or default_registry)
+        finally:
+            await queue.close()
+            await pool.close()
+
+    # -- the library API -------------------------------------------------------------------
+    async def publish(self, document: dict[str, Any] | AutomationDoc) -> Published:
+        return await publish(self.pool, self.org_id, document, registry=self.registry)
+
+    async def start(
+        self,
+        automation_id: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        event_id: str | None = None,
+        key: str | None = None,
+        version: int | None = None,
+        contact_id: str | None = None,
+    ) -> Started:
+        return await start_run(
+            self.pool,
+            self.org_id,
+            automation_id,
+            payload or {},
+            event_id=event_id,
+            key=key,
+            version=version,
+            contact_id=contact_id,
+            max_payload_bytes=self.settings.max_payload_bytes,
+            registry=self.registry,
+            versions=self.versions,
+        )
+
+    async def show(self, run_id: str) -> dict[str, Any]:
+        return await run_view(self.pool, self.org_id, run_id)
+
+    async def runs(self, **filters: Any) -> list[dict[str, Any]]:
+        return await list_runs(self.pool, self.org_id, **filters)
+
+    async def status(self, run_id: str) -> str:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT status FROM runs WHERE org_id = %s AND run_id = %s", (self.org_id, run_id)
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise UnknownRun(self.org_id, run_id)
+        return str(row["status"])
+
+    async def wait(self, run_id: str, *, timeout: float = 60.0, poll: float = 0.05) -> str:
+        """Wait until the run is in a terminal state (or parked); returns its status."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            status = await self.status(run_id)
+            if status in TERMINAL or status == "parked":
+                return status
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"run {run_id} still {status} after {timeout}s")
+            await asyncio.sleep(poll)
+
+    # -- background services ---------------------------------------------------------------
+    def services(
+        self,
+        *,
+        worker: bool = True,
+        relay: bool = True,
+        sweeper: bool = True,
+        lanes: dict[str, int] | None = None,
+        extra: Any = None,
+    ) -> Services:
+        svc = Services()
+        kick = asyncio.Event()
+        if worker:
+            svc.worker = Worker(
+                self.pool,
+                self.queue,
+                settings=self.settings,
+                registry=self.registry,
+                versions=self.versions,
+                worker_id=self.id,
+                lanes=lanes,
+                services=extra,
+            )
+        if relay:
+            svc.relay = Relay(self.pool, self.queue, batch=self.settings.relay_batch, kick=kick)
+        if sweeper:
+            svc.sweeper = Sweeper(
+                self.pool, worker_id=self.id, interval=self.settings.sweep_seconds, kick=kick
+            )
+        return svc
+
+    async def run_services(self, svc: Services) -> None:
+        """Run the given services until ``svc.stop`` is set; then shut them down gracefully."""
+        if svc.worker is not None:
+            svc.tasks.append(asyncio.create_task(svc.worker.run(svc.stop)))
+        if svc.relay is not None:
+            svc.tasks.append(asyncio.create_task(svc.relay.run(svc.stop)))
+        if svc.sweeper is not None:
+            svc.tasks.append(asyncio.create_task(svc.sweeper.run(svc.stop)))
+        try:
+            await asyncio.gather(*svc.tasks)
+        finally:
+            svc.stop.set()
+            for t in svc.tasks:
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(*svc.tasks, return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def running(self, **kw: Any) -> AsyncIterator[Services]:
+        """Run worker, relay and sweeper in this process for the duration of the block."""
+        svc = self.services(**kw)
+        task = asyncio.create_task(self.run_services(svc))
+        try:
+            yield svc
+        finally:
+            svc.stop.set()
+            await task

@@ -1,0 +1,123 @@
+"""Errors raised by onward, and what each one asks the caller to do.
+
+The hierarchy::
+
+    OnwardError
+    ├── ConfigError                 bad configuration (env var, flag); fix it and restart
+    ├── InvalidAutomation           an automation document is malformed; nothing was stored
+    ├── UnknownRun                  no run with that id in that organisation
+    ├── PayloadTooLarge             an input/payload exceeds the configured limit; nothing stored
+    ├── QueueMisconfigured          the queue cannot be used safely (e.g. Redis may evict keys)
+    ├── LeaseLost                   this worker's fencing token is stale: stop, write nothing
+    └── StepError                   raised by step kinds and connectors to classify a failure
+        ├── RetryableError          try again later with backoff (5xx, timeouts, resets)
+        │   └── RateLimited         try again after ``retry_after`` seconds (429 + Retry-After)
+        ├── AuthorizationError      never retried: the run parks until the connection is restored
+        ├── PermanentError          never retried: the step (and run) fails with this reason
+        ├── OutcomeUnknown          the call may or may not have happened (timeout after send)
+        └── NeedsReview             a person must look: parks the step with what is known
+
+Step kinds raise the ``StepError`` family; the worker turns each into one durable transition
+(retry row, parked row, failed row). Anything else raised by a step kind is treated as
+``RetryableError`` until the step's attempts run out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OnwardError(Exception):
+    """Base class of every error onward raises on purpose."""
+
+
+class ConfigError(OnwardError):
+    """Configuration is missing or invalid."""
+
+
+class InvalidAutomation(OnwardError):
+    """An automation document failed validation. ``problems`` lists every problem found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid automation: " + "; ".join(self.problems))
+
+
+class UnknownRun(OnwardError):
+    """No run with this id exists in this organisation."""
+
+    def __init__(self, org_id: str, run_id: str) -> None:
+        self.org_id, self.run_id = org_id, run_id
+        super().__init__(f"unknown run {run_id!r} in organisation {org_id!r}")
+
+
+class UnknownAutomation(OnwardError):
+    """No published automation (or version) with this id exists."""
+
+
+class PayloadTooLarge(OnwardError):
+    """A payload is larger than ``ONWARD_MAX_PAYLOAD_BYTES``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class QueueMisconfigured(OnwardError):
+    """The queue is configured in a way that can lose wake-ups silently."""
+
+
+class LeaseLost(OnwardError):
+    """A newer attempt holds the step: the fencing token no longer matches."""
+
+
+class StepError(OnwardError):
+    """Base of the errors a step kind or connector raises to classify a failure."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail or {}
+
+
+class RetryableError(StepError):
+    """A transient failure: retry with exponential backoff and full jitter."""
+
+    retryable = True
+
+
+class RateLimited(RetryableError):
+    """The provider asked us to slow down; ``retry_after`` (seconds) wins over our backoff."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, detail=detail)
+        self.retry_after = retry_after
+
+
+class AuthorizationError(StepError):
+    """The connection's credentials were refused. Not retried: park until reconnected."""
+
+    def __init__(
+        self, message: str, *, connection: str | None = None, detail: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message, detail=detail)
+        self.connection = connection
+
+
+class PermanentError(StepError):
+    """The request can never succeed as sent (400, 404, 422). Not retried."""
+
+
+class OutcomeUnknown(StepError):
+    """The provider may have done the work (the connection dropped after sending)."""
+
+
+class NeedsReview(StepError):
+    """A person must decide: the outcome is unknown and the provider offers no safe retry."""

@@ -1,0 +1,52 @@
+"""Identifiers and keys, and the two rules that are easy to get backwards (R4, R16).
+
+* **Effect keys name the effect, not the attempt**: ``<run_id>/<step_id>/<iteration>``. Every
+  retry of the same send uses the same key, so a retry finds the first attempt's claim and the
+  provider's idempotency key repeats; a loop's second pass is a new iteration, so a real second
+  send is not mistaken for a duplicate.
+* **Wake job ids include the attempt (or wake number)**: ``wake:<run_id>:<seq>:<attempt>`` for
+  a step that became ready (the attempt it invites: the step's attempt + 1) and
+  ``timer:<org_id>:<timer_id>:<wake_n>`` for a timer's due instant (``wake_n`` grows when the
+  timer is recomputed). A queue that keeps finished job ids (BullMQ, our Redis adapter) silently
+  drops a job whose id it has seen; a wake id without the attempt would swallow the second wake
+  of a retried step. The outbox relay publishes each row under its ``job_id``, so a relay that
+  crashes after publishing and republishes is deduplicated while the id is retained.
+
+The SQL that builds wake ids in a transaction follows the same format (leases.sql, timers.sql).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from typing import Any
+
+
+def new_run_id() -> str:
+    """Time-ordered, unguessable: 12 hex digits of milliseconds, then 12 random hex digits."""
+    return f"run_{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
+def effect_key(run_id: str, step_id: str, iteration: int) -> str:
+    return f"{run_id}/{step_id}/{iteration}"
+
+
+def step_wake_id(run_id: str, seq: int, attempt: int) -> str:
+    return f"wake:{run_id}:{seq}:{attempt}"
+
+
+def timer_wake_id(org_id: str, timer_id: int, wake_n: int) -> str:
+    return f"timer:{org_id}:{timer_id}:{wake_n}"
+
+
+def payload_start_key(automation_id: str, payload: Any) -> str:
+    """The weaker start key, used when the trigger has no event id: a hash of the payload.
+    Two genuinely separate submissions with identical content collapse into one run."""
+    raw = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return f"{automation_id}:sha256:{hashlib.sha256(raw.encode()).hexdigest()}"
+
+
+def event_start_key(automation_id: str, event_id: str) -> str:
+    return f"{automation_id}:{event_id}"

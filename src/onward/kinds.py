@@ -1,0 +1,179 @@
+"""Step kinds: the registry, what a step sees when it runs, and what it may answer.
+
+A step kind is an async function registered under a name and a lane::
+
+    @onward.step_kind("crm.upsert", lane="io", params=CrmParams)
+    async def crm_upsert(step: onward.StepContext) -> dict:
+        ...
+        return {"id": record_id}          # plain value: the step is done, follow ``next``
+
+A kind may also answer ``Advance(output, vars=..., next=...)`` to choose the next step (what
+``branch`` does), ``Wait(...)`` to wait on a timer (the kind is called again, with
+``step.wake`` set, when it fires), or raise one of the ``StepError`` family (``onward.errors``)
+to ask for a retry, a park or a failure. Anything else raised is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from onward.automations.document import RetryPolicy, StepDef
+
+LANES = ("fast", "io", "slow", "wait")
+
+
+@dataclass
+class Advance:
+    """The step is done. ``vars`` are merged into the run's variables; ``next`` overrides
+    the document's static ``next`` (None there and here: the run completes)."""
+
+    output: Any = None
+    vars: dict[str, Any] | None = None
+    next: str | None = None
+
+
+@dataclass
+class Wait:
+    """Wait until ``due_in`` seconds from now (by the database clock) and then call the kind
+    again with ``step.wake`` set. ``intent`` is stored as asked, for recomputation (R6)."""
+
+    due_in: float
+    intent: dict[str, Any] = field(default_factory=dict)
+
+
+Outcome = Advance | Wait
+
+
+@dataclass
+class StepContext:
+    """What a running step knows. ``effect_key`` names this step's outside effect: it is the
+    same for every attempt and differs for every loop iteration (R4)."""
+
+    org_id: str
+    run_id: str
+    seq: int
+    step_id: str
+    kind: str
+    lane: str
+    iteration: int
+    attempt: int
+    worker: str
+    params: Any
+    input: dict[str, Any]
+    vars: dict[str, Any]
+    steps: dict[str, Any]
+    wake: dict[str, Any] | None
+    definition: StepDef
+    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    services: Any = None  # the worker's shared services (connectors, effects store, ...)
+
+    @property
+    def effect_key(self) -> str:
+        return f"{self.run_id}/{self.step_id}/{self.iteration}"
+
+    @property
+    def env(self) -> dict[str, Any]:
+        """The variables CEL expressions see."""
+        return {"input": self.input, "vars": self.vars, "steps": self.steps}
+
+
+Handler = Callable[[StepContext], Awaitable[Any]]
+Successors = Callable[[StepDef, Any], list[str]]
+Checker = Callable[[StepDef, Any], list[str]]
+
+
+def _static_next(step: StepDef, params: Any) -> list[str]:
+    return [step.next] if step.next else []
+
+
+def _no_checks(step: StepDef, params: Any) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    name: str
+    lane: str
+    handler: Handler
+    params: type[BaseModel] | None = None
+    successors: Successors = _static_next
+    check: Checker = _no_checks
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    contacts_person: bool = False  # consent is checked at run time for these (R14)
+
+    def parse_params(self, raw: dict[str, Any]) -> Any:
+        if self.params is None:
+            return dict(raw)
+        return self.params.model_validate(raw)
+
+
+class Registry:
+    """Step kinds by name. The default registry holds the built-ins and user kinds."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, KindSpec] = {}
+
+    def add(self, spec: KindSpec, *, replace: bool = False) -> KindSpec:
+        if spec.lane not in LANES:
+            raise ValueError(f"lane {spec.lane!r} of kind {spec.name!r}: choose one of {LANES}")
+        if spec.name in self._kinds and not replace:
+            raise ValueError(f"step kind {spec.name!r} is already registered")
+        self._kinds[spec.name] = spec
+        return spec
+
+    def get(self, name: str) -> KindSpec | None:
+        return self._kinds.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kinds
+
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+    def lanes_of(self, names: list[str] | None = None) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for spec in self._kinds.values():
+            if names is None or spec.name in names:
+                out.setdefault(spec.lane, []).append(spec.name)
+        return out
+
+
+registry = Registry()
+
+
+def step_kind(
+    name: str,
+    *,
+    lane: str = "io",
+    params: type[BaseModel] | None = None,
+    successors: Successors | None = None,
+    check: Checker | None = None,
+    retry: RetryPolicy | None = None,
+    contacts_person: bool = False,
+    replace: bool = False,
+    into: Registry | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register an async function as a step kind (see the module docstring)."""
+
+    def deco(fn: Handler) -> Handler:
+        (into or registry).add(
+            KindSpec(
+                name=name,
+                lane=lane,
+                handler=fn,
+                params=params,
+                successors=successors or _static_next,
+                check=check or _no_checks,
+                retry=retry or RetryPolicy(),
+                contacts_person=contacts_person,
+            ),
+            replace=replace,
+        )
+        return fn
+
+    return deco

@@ -1,0 +1,176 @@
+"""Claim, heartbeat, fence and settle (R3): every write a lease holder makes to its step.
+
+* ``claim`` increments ``attempt`` and returns it: the worker's fencing token.
+* ``heartbeat`` extends the lease only while the token holds; a step missing from its result
+  was taken over, and its task must stop.
+* every ``settle_*`` writes only ``WHERE attempt = token AND status = 'running'``: a worker
+  whose lease was taken over writes nothing (0 rows) and drops its result.
+* ``release`` hands steps back at once at graceful shutdown (``lease_until = now()``).
+
+Each function is one statement (one round trip, one commit in autocommit mode); the SQL is in
+``leases.sql``. Times are always the database's ``now()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from onward.db import Conn
+from onward.db.sql import Queries
+
+Q = Queries(__package__, "leases.sql")
+
+
+@dataclass(frozen=True)
+class Token:
+    """Identifies one claim of one step: the fencing token is ``attempt``."""
+
+    org_id: str
+    run_id: str
+    seq: int
+    attempt: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.org_id, self.run_id, self.seq)
+
+    def args(self) -> dict[str, Any]:
+        return {
+            "org_id": self.org_id,
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "attempt": self.attempt,
+        }
+
+
+async def claim(
+    conn: Conn, lane: str, limit: int, worker: str, lease: float
+) -> list[dict[str, Any]]:
+    cur = await conn.execute(
+        Q.claim, {"lane": lane, "limit": limit, "worker": worker, "lease": lease}
+    )
+    return list(await cur.fetchall())
+
+
+async def heartbeat(conn: Conn, tokens: Sequence[Token], lease: float) -> set[tuple[str, str, int]]:
+    """Extend every lease still held; returns the keys still held."""
+    if not tokens:
+        return set()
+    cur = await conn.execute(
+        Q.heartbeat,
+        {
+            "lease": lease,
+            "org_ids": [t.org_id for t in tokens],
+            "run_ids": [t.run_id for t in tokens],
+            "seqs": [t.seq for t in tokens],
+            "attempts": [t.attempt for t in tokens],
+        },
+    )
+    return {(r["org_id"], r["run_id"], r["seq"]) for r in await cur.fetchall()}
+
+
+@dataclass(frozen=True)
+class NextStep:
+    step_id: str
+    kind: str
+    lane: str
+    iteration: int
+
+
+async def settle_advance(
+    conn: Conn,
+    token: Token,
+    *,
+    worker: str,
+    output: Any,
+    vars: dict[str, Any] | None,
+    next_step: NextStep | None,
+    eager: bool,
+    lease: float,
+    detail: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """Done + enter the next step (or complete the run). None: the lease was lost."""
+    cur = await conn.execute(
+        Q.settle_advance,
+        {
+            **token.args(),
+            "worker": worker,
+            "output": Jsonb(output),
+            "vars": Jsonb(vars or {}),
+            "next_step_id": next_step.step_id if next_step else None,
+            "next_kind": next_step.kind if next_step else None,
+            "next_lane": next_step.lane if next_step else None,
+            "next_iteration": next_step.iteration if next_step else None,
+            "eager": bool(eager and next_step),
+            "lease": lease,
+            "detail": Jsonb(detail) if detail else None,
+        },
+    )
+    return await cur.fetchone()
+
+
+async def settle_wait_timer(
+    conn: Conn, token: Token, *, worker: str, due_in: float, intent: dict[str, Any]
+) -> dict[str, Any] | None:
+    cur = await conn.execute(
+        Q.settle_wait_timer,
+        {**token.args(), "worker": worker, "due_in": due_in, "intent": Jsonb(intent)},
+    )
+    return await cur.fetchone()
+
+
+async def settle_retry(
+    conn: Conn, token: Token, *, worker: str, delay: float, error: dict[str, Any]
+) -> bool:
+    cur = await conn.execute(
+        Q.settle_retry, {**token.args(), "worker": worker, "delay": delay, "error": Jsonb(error)}
+    )
+    return await cur.fetchone() is not None
+
+
+async def settle_stop(
+    conn: Conn,
+    token: Token,
+    *,
+    worker: str,
+    step_status: str,
+    run_status: str,
+    reason: str,
+    error: dict[str, Any] | None = None,
+    wait_kind: str | None = None,
+) -> bool:
+    """End (failed / exceeded / cancelled / skipped) or park the step and its run."""
+    cur = await conn.execute(
+        Q.settle_stop,
+        {
+            **token.args(),
+            "worker": worker,
+            "step_status": step_status,
+            "run_status": run_status,
+            "reason": reason,
+            "error": Jsonb(error or {"message": reason}),
+            "wait_kind": wait_kind,
+        },
+    )
+    row = await cur.fetchone()
+    return bool(row and row["settled"])
+
+
+async def release(conn: Conn, tokens: Sequence[Token], worker: str) -> int:
+    if not tokens:
+        return 0
+    cur = await conn.execute(
+        Q.release,
+        {
+            "worker": worker,
+            "org_ids": [t.org_id for t in tokens],
+            "run_ids": [t.run_id for t in tokens],
+            "seqs": [t.seq for t in tokens],
+            "attempts": [t.attempt for t in tokens],
+        },
+    )
+    return len(await cur.fetchall())

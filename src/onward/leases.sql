@@ -1,0 +1,261 @@
+-- Step claims, heartbeats and fenced settles (R3). The claim increments attempt: that number
+-- is the worker's fencing token, and every later write of the step names it, so a worker whose
+-- lease was taken over writes nothing (0 rows). Every comparison uses the database's now().
+
+-- name: claim
+-- Claim up to %(limit)s ready steps of one lane. SKIP LOCKED: concurrent claimers never wait
+-- on or take the same row. Returns what the worker needs to run each step in one round trip.
+WITH picked AS (
+    SELECT org_id, run_id, seq FROM steps
+    WHERE status = 'ready' AND lane = %(lane)s AND available_at <= now()
+    ORDER BY available_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE steps s
+    SET status = 'running', attempt = s.attempt + 1, owner = %(worker)s,
+        lease_until = now() + make_interval(secs => %(lease)s), updated_at = now()
+    FROM picked p
+    WHERE s.org_id = p.org_id AND s.run_id = p.run_id AND s.seq = p.seq
+    RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.kind, s.lane, s.iteration, s.attempt, s.wake
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)
+    SELECT org_id, run_id, 'step_claimed', seq, step_id, attempt, %(worker)s FROM claimed
+)
+SELECT c.*, r.automation_id, r.version, r.input, r.ctx, r.visits, r.steps_executed,
+       r.max_steps, r.cancel_requested_at IS NOT NULL AS cancel_requested,
+       r.steps_executed >= r.max_steps AS over_steps, now() > r.deadline_at AS over_age
+FROM claimed c JOIN runs r ON r.org_id = c.org_id AND r.run_id = c.run_id;
+
+-- name: heartbeat
+-- Extend the leases this worker still holds, all in one statement. A step missing from the
+-- result was taken over (its attempt moved on) or finished: its task must stop at once.
+UPDATE steps s
+SET lease_until = now() + make_interval(secs => %(lease)s)
+FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[])
+     AS h(org_id, run_id, seq, attempt)
+WHERE s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
+  AND s.attempt = h.attempt AND s.status = 'running'
+RETURNING s.org_id, s.run_id, s.seq;
+
+-- name: settle_advance
+-- The step is done: record its output, merge its variables into the run, and either enter the
+-- next step or complete the run -- one statement, one commit. When %(eager)s the next step is
+-- inserted already claimed by this worker (attempt 1, its lease), so no wake-up is needed;
+-- otherwise it is inserted ready with an outbox row that wakes a worker of its lane.
+WITH done AS (
+    UPDATE steps
+    SET status = 'done', output = %(output)s, owner = NULL, lease_until = NULL,
+        finished_at = now(), updated_at = now()
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+      AND attempt = %(attempt)s AND status = 'running'
+    RETURNING org_id, run_id, seq, step_id
+),
+run AS (
+    UPDATE runs r
+    SET ctx = jsonb_set(jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}') || %(vars)s),
+                        ARRAY['steps', d.step_id], coalesce(%(output)s, 'null'::jsonb)),
+        visits = CASE WHEN %(next_step_id)s::text IS NULL THEN r.visits
+                      ELSE jsonb_set(r.visits, ARRAY[%(next_step_id)s::text],
+                                     to_jsonb(%(next_iteration)s::int)) END,
+        steps_executed = r.steps_executed + 1,
+        current_seq = CASE WHEN %(next_step_id)s::text IS NULL THEN r.current_seq ELSE d.seq + 1 END,
+        status = CASE WHEN %(next_step_id)s::text IS NULL THEN 'completed' ELSE 'active' END,
+        finished_at = CASE WHEN %(next_step_id)s::text IS NULL THEN now() END,
+        updated_at = now()
+    FROM done d
+    WHERE r.org_id = d.org_id AND r.run_id = d.run_id
+    RETURNING r.status, r.steps_executed, r.max_steps, now() > r.deadline_at AS over_age,
+              r.cancel_requested_at IS NOT NULL AS cancel_requested
+),
+next AS (
+    INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status, attempt,
+                       owner, lease_until)
+    SELECT d.org_id, d.run_id, d.seq + 1, %(next_step_id)s, %(next_kind)s, %(next_lane)s,
+           %(next_iteration)s,
+           CASE WHEN %(eager)s THEN 'running' ELSE 'ready' END,
+           CASE WHEN %(eager)s THEN 1 ELSE 0 END,
+           CASE WHEN %(eager)s THEN %(worker)s END,
+           CASE WHEN %(eager)s THEN now() + make_interval(secs => %(lease)s) END
+    FROM done d
+    WHERE %(next_step_id)s::text IS NOT NULL
+),
+wake AS (
+    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
+    SELECT d.org_id, 'step', 'wake:' || d.run_id || ':' || (d.seq + 1) || ':1', %(next_lane)s,
+           jsonb_build_object('run_id', d.run_id, 'seq', d.seq + 1)
+    FROM done d
+    WHERE %(next_step_id)s::text IS NOT NULL AND NOT %(eager)s
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT d.org_id, d.run_id, e.event, e.seq, e.step_id, e.attempt, %(worker)s, e.detail
+    FROM done d CROSS JOIN LATERAL (VALUES
+        ('step_done', d.seq, d.step_id, %(attempt)s::int, %(detail)s::jsonb),
+        (CASE WHEN %(next_step_id)s::text IS NULL THEN 'run_completed'
+              WHEN %(eager)s THEN 'step_claimed' ELSE 'step_ready' END,
+         CASE WHEN %(next_step_id)s::text IS NULL THEN NULL ELSE d.seq + 1 END,
+         %(next_step_id)s::text,
+         CASE WHEN %(eager)s THEN 1 END,
+         CASE WHEN %(next_step_id)s::text IS NULL THEN NULL
+              ELSE jsonb_build_object('lane', %(next_lane)s::text,
+                                      'iteration', %(next_iteration)s::int) END)
+    ) AS e(event, seq, step_id, attempt, detail)
+)
+SELECT * FROM run;
+
+-- name: settle_wait_timer
+-- The step waits on time: the step and run become waiting, a timer row stores the intent and
+-- the computed UTC instant (due_at, by the database clock), and a delayed outbox row carries
+-- the fast-path wake for that instant. The due sweep is the backstop if the wake is lost (R7).
+WITH w AS (
+    UPDATE steps
+    SET status = 'waiting', wait_kind = 'timer', owner = NULL, lease_until = NULL,
+        wake = NULL, updated_at = now()
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+      AND attempt = %(attempt)s AND status = 'running'
+    RETURNING org_id, run_id, seq, step_id
+),
+t AS (
+    INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at)
+    SELECT org_id, run_id, seq, 'wait', %(intent)s, now() + make_interval(secs => %(due_in)s)
+    FROM w
+    RETURNING org_id, timer_id, run_id, seq, due_at, wake_n
+),
+run AS (
+    UPDATE runs r SET status = 'waiting', updated_at = now()
+    FROM w WHERE r.org_id = w.org_id AND r.run_id = w.run_id
+),
+org AS (
+    UPDATE organisations SET has_due_work = true
+    WHERE org_id = %(org_id)s AND NOT has_due_work AND EXISTS (SELECT 1 FROM t)
+),
+wake AS (
+    INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)
+    SELECT org_id, 'timer', 'timer:' || org_id || ':' || timer_id || ':' || wake_n, 'wait',
+           jsonb_build_object('timer_id', timer_id, 'run_id', run_id, 'seq', seq), due_at
+    FROM t
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT w.org_id, w.run_id, 'step_waiting', w.seq, w.step_id, %(attempt)s, %(worker)s,
+           jsonb_build_object('on', 'timer', 'timer_id', t.timer_id, 'due_at', t.due_at,
+                              'intent', %(intent)s::jsonb)
+    FROM w JOIN t ON true
+)
+SELECT timer_id, due_at FROM t;
+
+-- name: settle_retry
+-- A retryable failure: the step becomes ready again after the backoff (available_at), with a
+-- delayed wake whose job id names the next attempt.
+WITH s AS (
+    UPDATE steps
+    SET status = 'ready', owner = NULL, lease_until = NULL, error = %(error)s,
+        available_at = now() + make_interval(secs => %(delay)s), updated_at = now()
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+      AND attempt = %(attempt)s AND status = 'running'
+    RETURNING org_id, run_id, seq, step_id, lane, attempt, available_at
+),
+wake AS (
+    INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)
+    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
+           jsonb_build_object('run_id', run_id, 'seq', seq), available_at
+    FROM s
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT org_id, run_id, 'step_retry', seq, step_id, attempt, %(worker)s,
+           jsonb_build_object('error', %(error)s::jsonb, 'delay_s', %(delay)s::float8,
+                              'retry_at', available_at)
+    FROM s
+)
+SELECT available_at FROM s;
+
+-- name: settle_stop
+-- The step ends without a successor and so does the run: failed (a permanent error or its
+-- attempts ran out), exceeded (over budget, R13) or cancelled. Or the step parks for a person
+-- (review, reconnect) and the run with it. %(step_status)s / %(run_status)s say which.
+WITH s AS (
+    UPDATE steps
+    SET status = %(step_status)s, owner = NULL, lease_until = NULL, error = %(error)s,
+        wait_kind = %(wait_kind)s, updated_at = now(),
+        finished_at = CASE WHEN %(step_status)s IN ('failed', 'cancelled', 'skipped') THEN now() END
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+      AND attempt = %(attempt)s AND status = 'running'
+    RETURNING org_id, run_id, seq, step_id
+),
+run AS (
+    UPDATE runs r
+    SET status = %(run_status)s, status_reason = %(reason)s, updated_at = now(),
+        finished_at = CASE WHEN %(run_status)s IN ('failed', 'exceeded', 'cancelled', 'completed')
+                           THEN now() END
+    FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT org_id, run_id, e.event, e.seq, e.step_id, %(attempt)s, %(worker)s, e.detail
+    FROM s CROSS JOIN LATERAL (VALUES
+        ('step_' || %(step_status)s::text, s.seq, s.step_id, %(error)s::jsonb),
+        ('run_' || %(run_status)s::text, NULL::int, NULL::text,
+         jsonb_build_object('reason', %(reason)s::text))
+    ) AS e(event, seq, step_id, detail)
+)
+SELECT count(*) AS settled FROM s;
+
+-- name: release
+-- Graceful shutdown: hand unfinished steps back at once (lease_until = now()) instead of making
+-- another worker wait out the lease. The attempt is kept; the next claim increments it.
+WITH s AS (
+    UPDATE steps st
+    SET status = 'ready', owner = NULL, lease_until = now(), available_at = now(),
+        updated_at = now()
+    FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[])
+         AS h(org_id, run_id, seq, attempt)
+    WHERE st.org_id = h.org_id AND st.run_id = h.run_id AND st.seq = h.seq
+      AND st.attempt = h.attempt AND st.status = 'running'
+    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt
+),
+wake AS (
+    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
+    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
+           jsonb_build_object('run_id', run_id, 'seq', seq)
+    FROM s
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)
+    SELECT org_id, run_id, 'step_released', seq, step_id, attempt, %(worker)s FROM s
+)
+SELECT run_id, seq FROM s;
+
+-- name: rescue_expired
+-- Steps whose lease ran out (their worker died or stalled) become ready again, with a wake.
+-- Run by the elected sweeper, bounded per call. The stale worker's attempt stays fenced.
+WITH picked AS (
+    SELECT org_id, run_id, seq FROM steps
+    WHERE status = 'running' AND lease_until < now()
+    ORDER BY lease_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+s AS (
+    UPDATE steps st
+    SET status = 'ready', owner = NULL, available_at = now(), updated_at = now()
+    FROM picked p
+    WHERE st.org_id = p.org_id AND st.run_id = p.run_id AND st.seq = p.seq
+    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt, st.lease_until
+),
+wake AS (
+    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
+    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
+           jsonb_build_object('run_id', run_id, 'seq', seq)
+    FROM s
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT org_id, run_id, 'lease_expired', seq, step_id, attempt, %(worker)s,
+           jsonb_build_object('lease_until', lease_until)
+    FROM s
+)
+SELECT count(*) AS rescued FROM s;

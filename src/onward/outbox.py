@@ -1,0 +1,111 @@
+"""The outbox relay (R2): publishes unsent outbox rows as wakes, then marks them sent.
+
+Rows are written by the transition they announce, in its transaction, so a committed
+transition always has its wake recorded. The relay takes a batch with ``FOR UPDATE SKIP
+LOCKED`` (several relays share the work), publishes each row under its ``job_id``, and marks the
+batch sent in the same transaction. If it dies after publishing and before the commit, the rows
+stay unsent and are published again: the queue drops the repeat while it retains the job id,
+and otherwise the consumer's claim or fire finds nothing left to do.
+
+With the PostgreSQL queue the NOTIFY is issued on the relay's own connection, inside that
+transaction, so publishing and marking sent commit together (NOTIFY is transactional).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from onward.crashpoints import crash_point
+from onward.db.sql import Queries
+from onward.queue.base import Queue, Wake
+
+Q = Queries(__package__, "outbox.sql")
+log = logging.getLogger("onward.relay")
+
+DELAY_HORIZON_S = 366 * 86400.0
+
+
+class Relay:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        queue: Queue,
+        *,
+        batch: int = 200,
+        poll_seconds: float = 0.1,
+        kick: asyncio.Event | None = None,
+    ) -> None:
+        self.pool, self.queue, self.batch = pool, queue, batch
+        self.poll_seconds = poll_seconds
+        self.kick = kick or asyncio.Event()
+        self.published = 0
+
+    async def run_once(self) -> int:
+        """Publish one batch; returns how many rows it published."""
+        horizon = DELAY_HORIZON_S if self.queue.supports_delay else 0.0
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(Q.take_unsent, {"horizon": horizon, "limit": self.batch})
+            rows = await cur.fetchall()
+            if not rows:
+                return 0
+            wakes = [
+                Wake(
+                    job_id=r["job_id"],
+                    topic=r["topic"],
+                    lane=r["lane"],
+                    org_id=r["org_id"],
+                    payload=r["payload"],
+                    delay_s=r["delay_s"],
+                )
+                for r in rows
+            ]
+            publish_tx = getattr(self.queue, "publish_tx", None)
+            if publish_tx is not None:
+                await publish_tx(conn, wakes)
+            else:
+                await self.queue.publish(wakes)
+            crash_point("relay.after_publish")
+            await conn.execute(
+                Q.mark_sent,
+                {
+                    "org_ids": [r["org_id"] for r in rows],
+                    "outbox_ids": [r["outbox_id"] for r in rows],
+                },
+            )
+        self.published += len(rows)
+        return len(rows)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                n = await self.run_once()
+            except (psycopg.OperationalError, OSError, ConnectionError) as exc:
+                log.warning("relay: publish failed (%s); rows stay unsent and are retried", exc)
+                n = 0
+                await _sleep_or(stop, 1.0)
+            if n >= self.batch:
+                continue
+            self.kick.clear()
+            await _sleep_or(stop, self.poll_seconds, self.kick)
+
+    async def prune(self, keep_seconds: float = 3600.0, limit: int = 5000) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(Q.prune_sent, {"keep": keep_seconds, "limit": limit})
+            return cur.rowcount or 0
+
+
+async def _sleep_or(stop: asyncio.Event, seconds: float, *events: asyncio.Event) -> None:
+    """Sleep up to ``seconds``, returning early when ``stop`` or any event is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in (stop, *events)]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await w

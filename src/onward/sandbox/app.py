@@ -1,0 +1,129 @@
+"""Assembles the sandbox: one in-memory world, the provider routes, the admin routes, faults.
+
+:func:`create_app` returns the ASGI app uvicorn serves. The admin routes (``/_admin/...``) are
+never subject to faults or auth: they are how tests and the chaos runner steer the world.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from starlette.types import Receive, Scope, Send
+
+from onward.sandbox import crm, email, model, payment, slack
+from onward.sandbox.common import PROVIDERS, Account
+from onward.sandbox.faults import FaultBoard, FaultInjector, FaultKnobs
+from onward.sandbox.ledger import Ledger
+
+
+@dataclass
+class World:
+    """Everything one sandbox process knows. Reset wipes all of it."""
+
+    ledger: Ledger = field(default_factory=Ledger)
+    faults: FaultBoard = field(default_factory=FaultBoard)
+    email: email.EmailStore = field(default_factory=email.EmailStore)
+    crm: crm.CrmStore = field(default_factory=crm.CrmStore)
+    slack: slack.SlackStore = field(default_factory=slack.SlackStore)
+
+    def reset(self) -> None:
+        self.ledger.clear()
+        self.faults.reset()
+        self.email.reset()
+        self.crm.reset()
+        self.slack.reset()
+
+
+def get_world(request: Request) -> World:
+    world: World = request.app.state.world
+    return world
+
+
+WorldDep = Annotated[World, Depends(get_world)]
+
+admin = APIRouter(prefix="/_admin", tags=["admin"])
+
+
+def _known_provider(provider: str) -> str:
+    if provider not in PROVIDERS:
+        raise HTTPException(404, detail=f"unknown provider {provider!r}; known: {list(PROVIDERS)}")
+    return provider
+
+
+@admin.get("/health")
+async def health() -> dict[str, Any]:
+    return {"ok": True, "providers": list(PROVIDERS)}
+
+
+@admin.post("/reset")
+async def reset(world: WorldDep) -> dict[str, bool]:
+    world.reset()
+    return {"ok": True}
+
+
+@admin.get("/ledger")
+async def ledger(
+    world: WorldDep,
+    provider: str | None = None,
+    account: str | None = None,
+    idempotency_key: str | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    entries = world.ledger.entries(
+        provider=provider, account=account, idempotency_key=idempotency_key
+    )
+    return {"entries": [e.to_json() for e in entries]}
+
+
+@admin.get("/faults")
+async def get_faults(world: WorldDep) -> dict[str, Any]:
+    return world.faults.snapshot()
+
+
+@admin.post("/faults/{provider}")
+async def set_faults(provider: str, knobs: FaultKnobs, world: WorldDep) -> dict[str, Any]:
+    world.faults.configure(_known_provider(provider), knobs)
+    return world.faults.providers[provider].snapshot()
+
+
+@admin.post("/accounts/{provider}/{account}/revoke")
+async def revoke(provider: str, account: str, world: WorldDep) -> dict[str, Any]:
+    world.faults.revoke(_known_provider(provider), account)
+    return {"provider": provider, "account": account, "revoked": True}
+
+
+@admin.post("/accounts/{provider}/{account}/restore")
+async def restore(provider: str, account: str, world: WorldDep) -> dict[str, Any]:
+    world.faults.restore(_known_provider(provider), account)
+    return {"provider": provider, "account": account, "revoked": False}
+
+
+whoami = APIRouter(tags=["auth"])
+
+
+@whoami.get("/{provider}/me")
+async def me(provider: str, account: Account) -> dict[str, str]:
+    """The cheapest authenticated call of every provider: what connectors use to probe health."""
+    return {"provider": _known_provider(provider), "account": account}
+
+
+class SandboxApp:
+    """The ASGI app: :class:`FaultInjector` around the FastAPI routes, sharing one World."""
+
+    def __init__(self, world: World | None = None) -> None:
+        self.world = world or World()
+        self.api = FastAPI(title="onward sandbox providers", docs_url=None, redoc_url=None)
+        self.api.state.world = self.world
+        for router in (admin, email.router, crm.router, model.router, payment.router, slack.router):
+            self.api.include_router(router)
+        self.api.include_router(whoami)  # last: its /{provider}/me pattern must not shadow others
+        self._asgi = FaultInjector(self.api, self.world.faults)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._asgi(scope, receive, send)
+
+
+def create_app(world: World | None = None) -> SandboxApp:
+    """A fresh sandbox app (with a fresh world unless one is given)."""
+    return SandboxApp(world)

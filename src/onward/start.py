@@ -1,0 +1,99 @@
+"""Starting runs, once per start key (R1), with their first wake in the outbox (R2).
+
+The start key comes from the provider's event id when there is one
+(``<automation_id>:<event_id>``); otherwise from a hash of the payload, which is weaker: two
+genuinely separate submissions with identical content collapse into one run. A caller may also
+pass its own key. A second start with the same key is acknowledged as a duplicate, not an error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from onward import ids
+from onward.automations.versions import VersionCache, load_version
+from onward.db.sql import Queries
+from onward.errors import PayloadTooLarge
+from onward.kinds import Registry
+from onward.kinds import registry as default_registry
+
+Q = Queries(__package__, "start.sql")
+
+
+@dataclass(frozen=True)
+class Started:
+    run_id: str
+    created: bool  # False: a duplicate delivery of a start that already made this run
+    start_key: str
+
+
+def start_key_for(
+    automation_id: str, payload: Any, event_id: str | None, key: str | None
+) -> tuple[str, str]:
+    if key:
+        return key, "caller"
+    if event_id:
+        return ids.event_start_key(automation_id, event_id), "event"
+    return ids.payload_start_key(automation_id, payload), "payload_hash"
+
+
+async def start_run(
+    pool: AsyncConnectionPool,
+    org_id: str,
+    automation_id: str,
+    payload: dict[str, Any],
+    *,
+    event_id: str | None = None,
+    key: str | None = None,
+    version: int | None = None,
+    contact_id: str | None = None,
+    max_payload_bytes: int = 256 * 1024,
+    registry: Registry | None = None,
+    versions: VersionCache | None = None,
+) -> Started:
+    """Start a run of the latest (or given) version. One round trip for a new run."""
+    size = len(json.dumps(payload, default=str).encode())
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(size, max_payload_bytes)
+    if version is None:
+        version, doc = await load_version(pool, org_id, automation_id)
+    elif versions is not None:
+        doc = await versions.get(org_id, automation_id, version)
+    else:
+        version, doc = await load_version(pool, org_id, automation_id, version)
+    reg = registry or default_registry
+    first = doc.step(doc.start_step)
+    spec = reg.get(first.kind)
+    lane = first.lane or (spec.lane if spec else "io")
+    start_key, kind = start_key_for(automation_id, payload, event_id, key)
+    args = {
+        "org_id": org_id,
+        "run_id": ids.new_run_id(),
+        "automation_id": automation_id,
+        "version": version,
+        "start_key": start_key,
+        "start_key_kind": kind,
+        "input": Jsonb(payload),
+        "step_id": first.id,
+        "kind": first.kind,
+        "lane": lane,
+        "max_steps": doc.budget.max_steps,
+        "max_age": doc.budget.max_age_seconds,
+        "contact_id": contact_id,
+    }
+    async with pool.connection() as conn:
+        cur = await conn.execute(Q.start_run, args)
+        row = await cur.fetchone()
+        if row is not None:
+            return Started(row["run_id"], True, start_key)
+        # Conflict: another delivery started it. A fresh statement sees its committed row.
+        cur = await conn.execute(Q.find_duplicate, {"org_id": org_id, "start_key": start_key})
+        dup = await cur.fetchone()
+    if dup is None:  # pragma: no cover - the unique constraint guarantees a row
+        raise RuntimeError(f"start key {start_key!r} conflicted but no run holds it")
+    return Started(dup["run_id"], False, start_key)

@@ -1,0 +1,169 @@
+"""The due sweep (R7) and the other backstops, run by one elected process.
+
+Every few seconds the leader:
+
+1. fires due timers, fairly between organisations: a bounded, rotated set of organisations
+   with due work, a bounded index scan per organisation, ``SKIP LOCKED``, an overall batch
+   limit -- so one tenant's backlog of 200,000 timers cannot starve the others, and the cost of
+   a batch does not grow with the backlog;
+2. lets organisations whose future timers came due rejoin the candidate set (``rediscover``);
+3. makes steps whose lease expired ready again (their worker died or stalled);
+4. ends waiting runs that outlived their maximum age (R13);
+5. prunes sent outbox rows.
+
+The sweep fires timers; it never claims steps. Claiming is the workers' job, bounded by their
+free capacity, so the sweep cannot hand out more work than the workers can start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from onward import timers
+from onward.crashpoints import crash_point
+from onward.db.sql import Queries
+from onward.leader import Leadership
+from onward.outbox import _sleep_or
+
+Q = Queries(__package__, "sweep.sql")
+QL = Queries(__package__, "leases.sql")
+log = logging.getLogger("onward.sweep")
+
+
+@dataclass
+class SweepLimits:
+    orgs: int = 20  # organisations per batch
+    per_org: int = 50  # timers per organisation per batch
+    batch: int = 500  # timers per batch
+    max_batches: int = 20  # per tick, so a tick stays short
+    rescue: int = 500
+    rediscover: int = 1000
+
+
+@dataclass
+class SweepStats:
+    ticks: int = 0
+    fired: int = 0
+    batches: int = 0
+    rescued: int = 0
+    expired: int = 0
+    lateness: list[float] = field(default_factory=list)
+
+
+class Sweeper:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        *,
+        worker_id: str,
+        interval: float = 2.0,
+        limits: SweepLimits | None = None,
+        kick: asyncio.Event | None = None,
+    ) -> None:
+        self.pool, self.worker_id, self.interval = pool, worker_id, interval
+        self.limits = limits or SweepLimits()
+        self.kick = kick  # set when work was made ready, to wake a local relay at once
+        self.stats = SweepStats()
+        self._rediscover_after = ""
+        self._budget_after = ""
+        self.leadership = Leadership(pool, "sweeper", worker_id, ttl=max(3 * interval, 5.0))
+
+    async def fire_batch(self) -> tuple[int, list[str]]:
+        """One fair batch: returns (timers fired, organisations served)."""
+        lim = self.limits
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(Q.due_candidates, {"orgs": lim.orgs})
+            orgs = [r["org_id"] for r in await cur.fetchall()]
+            if not orgs:
+                return 0, []
+            cur = await conn.execute(
+                Q.claim_due, {"org_ids": orgs, "per_org": lim.per_org, "batch": lim.batch}
+            )
+            due = [(r["org_id"], r["timer_id"]) for r in await cur.fetchall()]
+            crash_point("sweep.after_claim")
+            fired = await timers.fire(conn, due, by="sweep")
+            served = sorted({f["org_id"] for f in fired})
+            await conn.execute(Q.mark_served, {"org_ids": orgs, "served": served})
+        self.stats.lateness.extend(f["lateness_s"] for f in fired)
+        if len(self.stats.lateness) > 100_000:
+            del self.stats.lateness[:50_000]
+        crash_point("sweep.after_fire")
+        return len(fired), served
+
+    async def rediscover(self) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                Q.rediscover, {"after": self._rediscover_after, "limit": self.limits.rediscover}
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        self._rediscover_after = row["last_org"] or ""  # wrap around after the last page
+        return int(row["flagged"])
+
+    async def rescue(self) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                QL.rescue_expired, {"limit": self.limits.rescue, "worker": self.worker_id}
+            )
+            row = await cur.fetchone()
+        return int(row["rescued"]) if row else 0
+
+    async def expire_over_age(self) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(Q.org_page, {"after": self._budget_after, "limit": 100})
+            orgs = [r["org_id"] for r in await cur.fetchall()]
+            self._budget_after = orgs[-1] if orgs else ""
+            if not orgs:
+                return 0
+            cur = await conn.execute(Q.waiting_over_age, {"org_ids": orgs, "limit": 100})
+            expired = 0
+            for r in await cur.fetchall():
+                res = await conn.execute(
+                    Q.expire_waiting_run,
+                    {
+                        "org_id": r["org_id"],
+                        "run_id": r["run_id"],
+                        "reason": "maximum age reached while waiting",
+                        "worker": self.worker_id,
+                    },
+                )
+                row = await res.fetchone()
+                expired += int(row["expired"]) if row else 0
+        return expired
+
+    async def tick(self) -> int:
+        """One sweep as leader. Returns the number of timers fired."""
+        fired_total = 0
+        await self.rediscover()
+        for _ in range(self.limits.max_batches):
+            fired, _served = await self.fire_batch()
+            self.stats.batches += 1
+            fired_total += fired
+            if fired == 0:
+                break
+        self.stats.fired += fired_total
+        self.stats.rescued += await self.rescue()
+        self.stats.expired += await self.expire_over_age()
+        self.stats.ticks += 1
+        if fired_total and self.kick is not None:
+            self.kick.set()
+        return fired_total
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    if await self.leadership.try_lead():
+                        await self.tick()
+                except (psycopg.OperationalError, OSError) as exc:
+                    log.warning("sweep: database unavailable (%s); retrying", exc)
+                await _sleep_or(stop, self.interval)
+        finally:
+            with contextlib.suppress(psycopg.OperationalError, OSError):
+                await self.leadership.resign()

@@ -1,0 +1,513 @@
+"""The worker: claims steps lane by lane, runs their kinds, and settles them, fenced (R3).
+
+Lanes: each lane has a capacity (how many of its steps run at once). A lane loop claims only
+as many steps as it has free slots -- backpressure: a claimed step never waits for a worker
+while its lease runs out -- and claims again when a slot frees, when a wake arrives, or every
+``poll_seconds`` (the backstop when wakes are lost or the queue is off).
+
+Heartbeats: one statement extends every lease this worker holds. A step whose lease was taken
+over is missing from the answer; its handler is cancelled and nothing it produced is written.
+
+Eager continuation: when a step is done and the next step is in a lane this worker serves with
+a free slot, the settle statement inserts the next step already claimed by this worker, which
+then runs it at once: one commit per step and no wake-up. If the worker dies, that claim's lease
+lapses and the sweep hands the step to another worker.
+
+Graceful shutdown (SIGTERM): stop claiming, let running steps finish within the grace period,
+then cancel the rest and release them with ``lease_until = now()`` so another worker claims
+them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from onward import leases, timers
+from onward.automations.document import AutomationDoc, StepDef
+from onward.automations.versions import VersionCache
+from onward.backoff import retry_delay
+from onward.config import Settings
+from onward.crashpoints import crash_point
+from onward.durations import parse_duration
+from onward.errors import (
+    AuthorizationError,
+    NeedsReview,
+    PermanentError,
+    RateLimited,
+    StepError,
+    UnknownAutomation,
+)
+from onward.kinds import Advance, KindSpec, Registry, StepContext, Wait
+from onward.leases import NextStep, Token
+from onward.outbox import _sleep_or
+from onward.queue.base import Queue, Wake
+
+log = logging.getLogger("onward.worker")
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+class _LeaseLostError(Exception):
+    pass
+
+
+@dataclass
+class _Held:
+    token: Token
+    lane: str
+    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    settled: int = 0
+    eager: int = 0
+    lost: int = 0
+    retried: int = 0
+    released: int = 0
+
+
+def _jsonable(value: Any) -> Any:
+    """What the database will store, so the eager path sees exactly what a claim would."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class Worker:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        queue: Queue,
+        *,
+        settings: Settings,
+        registry: Registry,
+        versions: VersionCache | None = None,
+        worker_id: str | None = None,
+        lanes: dict[str, int] | None = None,
+        eager: bool = True,
+        claim_batch: int = 32,
+        services: Any = None,
+    ) -> None:
+        self.pool, self.queue, self.settings, self.registry = pool, queue, settings, registry
+        self.versions = versions or VersionCache(pool)
+        self.id = worker_id or new_worker_id()
+        self.capacity = dict(lanes or settings.lanes)
+        self.eager = eager
+        self.claim_batch = claim_batch
+        self.services = services
+        self.running = dict.fromkeys(self.capacity, 0)
+        self.kick = {lane: asyncio.Event() for lane in self.capacity}
+        self.held: dict[tuple[str, str, int], _Held] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.stats = WorkerStats()
+        self._stopping = False
+        self._timer_inbox: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+        self._params_cache: dict[tuple[str, str, int, str], Any] = {}
+
+    # -- wakes ---------------------------------------------------------------------------
+    def on_wake(self, wake: Wake) -> None:
+        if wake.topic == "timer":
+            timer_id = wake.payload.get("timer_id")
+            if isinstance(timer_id, int):
+                self._timer_inbox.put_nowait((wake.org_id, timer_id))
+        elif wake.lane in self.kick:
+            self.kick[wake.lane].set()
+
+    def on_reconnect(self) -> None:
+        for ev in self.kick.values():
+            ev.set()
+
+    async def _fire_timers(self, stop: asyncio.Event) -> None:
+        """Fast path of timers: fire on the delayed wake (idempotent with the sweep)."""
+        while not stop.is_set():
+            first = await self._timer_inbox.get()
+            batch = [first]
+            while not self._timer_inbox.empty() and len(batch) < 500:
+                batch.append(self._timer_inbox.get_nowait())
+            try:
+                async with self.pool.connection() as conn:
+                    fired = await timers.fire(conn, batch, by="wake")
+            except (psycopg.OperationalError, OSError) as exc:
+                log.warning("firing timers on wake failed (%s); the sweep will fire them", exc)
+                continue
+            for f in fired:
+                if f["lane"] in self.kick:
+                    self.kick[f["lane"]].set()
+
+    # -- the lane loops ------------------------------------------------------------------
+    async def _lane_loop(self, lane: str, stop: asyncio.Event) -> None:
+        cap = self.capacity[lane]
+        while not stop.is_set():
+            self.kick[lane].clear()
+            free = cap - self.running[lane]
+            claimed = 0
+            if free > 0:
+                want = min(free, self.claim_batch)
+                try:
+                    async with self.pool.connection() as conn:
+                        rows = await leases.claim(
+                            conn, lane, want, self.id, self.settings.lease_seconds
+                        )
+                except (psycopg.OperationalError, OSError) as exc:
+                    log.warning("claim in lane %s failed (%s); retrying", lane, exc)
+                    await _sleep_or(stop, 1.0)
+                    continue
+                claimed = len(rows)
+                self.stats.claimed += claimed
+                for row in rows:
+                    self._spawn(row)
+                if claimed == want and self.running[lane] < cap:
+                    continue  # there may be more ready work: claim again at once
+            await _sleep_or(stop, self.settings.poll_seconds, self.kick[lane])
+
+    def _spawn(self, row: dict[str, Any]) -> None:
+        lane = row["lane"]
+        self.running[lane] = self.running.get(lane, 0) + 1
+        token = Token(row["org_id"], row["run_id"], row["seq"], row["attempt"])
+        self.held[token.key] = _Held(token, lane)
+        task = asyncio.create_task(self._run_chain(row), name=f"step {token.run_id}#{token.seq}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run_chain(self, row: dict[str, Any] | None) -> None:
+        """Run a claimed step and, eagerly, the steps after it that this worker claimed."""
+        while row is not None:
+            lane = row["lane"]
+            token = Token(row["org_id"], row["run_id"], row["seq"], row["attempt"])
+            try:
+                row = await self._execute(row, token)
+            except (psycopg.OperationalError, OSError) as exc:
+                # The outcome of the settle is unknown to us; the fence makes either case safe:
+                # if it committed, the step moved on; if not, the lease lapses and it is retried.
+                log.warning(
+                    "step %s#%s: database error %s; leaving it to its lease",
+                    token.run_id,
+                    token.seq,
+                    exc,
+                )
+                row = None
+            finally:
+                self.held.pop(token.key, None)
+                self.running[lane] -= 1
+                if lane in self.kick:
+                    self.kick[lane].set()
+            if row is not None:  # eager: already counted in its lane by _execute
+                self.held[(row["org_id"], row["run_id"], row["seq"])] = _Held(
+                    Token(row["org_id"], row["run_id"], row["seq"], row["attempt"]), row["lane"]
+                )
+
+    # -- running one step ------------------------------------------------------------------
+    def _params(
+        self, doc: AutomationDoc, row: dict[str, Any], step: StepDef, spec: KindSpec
+    ) -> Any:
+        key = (row["org_id"], row["automation_id"], row["version"], step.id)
+        if key not in self._params_cache:
+            self._params_cache[key] = spec.parse_params(step.params)
+        return self._params_cache[key]
+
+    async def _stop(
+        self, token: Token, step_status: str, run_status: str, reason: str, **kw: Any
+    ) -> None:
+        async with self.pool.connection() as conn:
+            ok = await leases.settle_stop(
+                conn,
+                token,
+                worker=self.id,
+                step_status=step_status,
+                run_status=run_status,
+                reason=reason,
+                **kw,
+            )
+        self._count_settle(ok)
+
+    def _count_settle(self, ok: bool) -> None:
+        if ok:
+            self.stats.settled += 1
+        else:
+            self.stats.lost += 1
+
+    async def _execute(self, row: dict[str, Any], token: Token) -> dict[str, Any] | None:
+        crash_point("worker.after_claim")
+        if row["cancel_requested"]:
+            await self._stop(token, "cancelled", "cancelled", "cancelled on request")
+            return None
+        if row["over_steps"] or row["over_age"]:
+            reason = (
+                f"step budget of {row['max_steps']} steps exhausted"
+                if row["over_steps"]
+                else "maximum run age reached"
+            )
+            await self._stop(token, "cancelled", "exceeded", reason)
+            return None
+        try:
+            doc = await self.versions.get(row["org_id"], row["automation_id"], row["version"])
+            step = doc.step(row["step_id"])
+        except (UnknownAutomation, KeyError):
+            await self._stop(
+                token, "failed", "failed", f"step {row['step_id']!r} not in its version"
+            )
+            return None
+        spec = self.registry.get(row["kind"])
+        if spec is None:
+            # A deploy skew: this worker lacks the kind. Hand it back for a worker that has it.
+            async with self.pool.connection() as conn:
+                await leases.settle_retry(
+                    conn,
+                    token,
+                    worker=self.id,
+                    delay=30.0,
+                    error={
+                        "message": f"step kind {row['kind']!r} is not registered in worker {self.id}"
+                    },
+                )
+            return None
+        ctx = StepContext(
+            org_id=row["org_id"],
+            run_id=row["run_id"],
+            seq=row["seq"],
+            step_id=step.id,
+            kind=row["kind"],
+            lane=row["lane"],
+            iteration=row["iteration"],
+            attempt=row["attempt"],
+            worker=self.id,
+            params=self._params(doc, row, step, spec),
+            input=row["input"] or {},
+            vars=dict((row["ctx"] or {}).get("vars") or {}),
+            steps=dict((row["ctx"] or {}).get("steps") or {}),
+            wake=row["wake"],
+            definition=step,
+            services=self.services,
+        )
+        held = self.held.get(token.key)
+        lease_lost = held.lease_lost if held else asyncio.Event()
+        ctx.lease_lost = lease_lost
+        timeout = parse_duration(step.timeout) if step.timeout is not None else None
+        try:
+            result = await self._call(spec, ctx, lease_lost, timeout)
+        except _LeaseLostError:
+            self.stats.lost += 1
+            log.info("step %s#%s: lease lost; its result is dropped", token.run_id, token.seq)
+            return None
+        except Exception as exc:
+            await self._settle_error(token, step, spec, exc)
+            return None
+        crash_point("worker.before_settle")
+        if isinstance(result, Wait):
+            async with self.pool.connection() as conn:
+                res = await leases.settle_wait_timer(
+                    conn, token, worker=self.id, due_in=result.due_in, intent=result.intent
+                )
+            self._count_settle(res is not None)
+            return None
+        adv = result if isinstance(result, Advance) else Advance(output=result)
+        return await self._advance(row, token, doc, step, adv)
+
+    async def _call(
+        self, spec: KindSpec, ctx: StepContext, lease_lost: asyncio.Event, timeout: float | None
+    ) -> Any:
+        inner = asyncio.ensure_future(spec.handler(ctx))
+        lost = asyncio.ensure_future(lease_lost.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {inner, lost}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if inner in done:
+                return inner.result()
+            if lost in done:
+                raise _LeaseLostError()
+            raise TimeoutError(f"step {ctx.step_id} timed out after {timeout}s")
+        finally:
+            for fut in (inner, lost):
+                if not fut.done():
+                    fut.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await fut
+
+    async def _settle_error(
+        self, token: Token, step: StepDef, spec: KindSpec, exc: BaseException
+    ) -> None:
+        policy = step.retry or spec.retry
+        error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+        if isinstance(exc, StepError) and exc.detail:
+            error["detail"] = exc.detail
+        if isinstance(exc, AuthorizationError):
+            reason = str(exc) or "reconnect the connection"
+            await self._stop(token, "parked", "parked", reason, error=error, wait_kind="reconnect")
+        elif isinstance(exc, NeedsReview):
+            await self._stop(token, "parked", "parked", str(exc), error=error, wait_kind="review")
+        elif isinstance(exc, PermanentError):
+            await self._stop(token, "failed", "failed", f"step {step.id}: {exc}", error=error)
+        elif token.attempt >= policy.max_attempts:
+            await self._stop(
+                token,
+                "failed",
+                "failed",
+                f"step {step.id}: gave up after {token.attempt} attempts: {exc}",
+                error=error,
+            )
+        else:
+            retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+            delay = retry_delay(
+                token.attempt, base=policy.base, cap=policy.cap, retry_after=retry_after
+            )
+            async with self.pool.connection() as conn:
+                ok = await leases.settle_retry(
+                    conn, token, worker=self.id, delay=delay, error=error
+                )
+            self.stats.retried += int(ok)
+            self._count_settle(ok)
+
+    async def _advance(
+        self, row: dict[str, Any], token: Token, doc: AutomationDoc, step: StepDef, adv: Advance
+    ) -> dict[str, Any] | None:
+        try:
+            output, new_vars = _jsonable(adv.output), _jsonable(adv.vars or {})
+        except (TypeError, ValueError) as exc:
+            await self._stop(
+                token, "failed", "failed", f"step {step.id}: output is not JSON: {exc}"
+            )
+            return None
+        next_id = adv.next if adv.next is not None else step.next
+        nxt: NextStep | None = None
+        if next_id is not None:
+            try:
+                nd = doc.step(next_id)
+            except KeyError:
+                await self._stop(token, "failed", "failed", f"step {step.id}: no step {next_id!r}")
+                return None
+            nspec = self.registry.get(nd.kind)
+            lane = nd.lane or (nspec.lane if nspec else "io")
+            visits = row["visits"] or {}
+            nxt = NextStep(nd.id, nd.kind, lane, int(visits.get(nd.id, 0)) + 1)
+        eager = (
+            self.eager
+            and not self._stopping
+            and nxt is not None
+            and nxt.lane in self.capacity
+            and (nxt.lane == row["lane"] or self.running[nxt.lane] < self.capacity[nxt.lane])
+        )
+        async with self.pool.connection() as conn:
+            res = await leases.settle_advance(
+                conn,
+                token,
+                worker=self.id,
+                output=output,
+                vars=new_vars,
+                next_step=nxt,
+                eager=eager,
+                lease=self.settings.lease_seconds,
+            )
+        crash_point("worker.after_settle")
+        self._count_settle(res is not None)
+        if res is None or nxt is None or not eager:
+            return None
+        self.stats.eager += 1
+        self.running[nxt.lane] += 1  # the chain's finally releases the current lane's slot
+        ctx = row["ctx"] or {}
+        steps_out = {**(ctx.get("steps") or {}), step.id: output}
+        return {
+            **row,
+            "seq": row["seq"] + 1,
+            "step_id": nxt.step_id,
+            "kind": nxt.kind,
+            "lane": nxt.lane,
+            "iteration": nxt.iteration,
+            "attempt": 1,
+            "wake": None,
+            "ctx": {"vars": {**(ctx.get("vars") or {}), **new_vars}, "steps": steps_out},
+            "visits": {**(row["visits"] or {}), nxt.step_id: nxt.iteration},
+            "steps_executed": res["steps_executed"],
+            "cancel_requested": res["cancel_requested"],
+            "over_steps": res["steps_executed"] >= res["max_steps"],
+            "over_age": res["over_age"],
+        }
+
+    # -- heartbeats ------------------------------------------------------------------------
+    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
+        last_ok = time.monotonic()
+        while not stop.is_set() or self.held:
+            await _sleep_or(asyncio.Event(), self.settings.heartbeat_seconds)
+            tokens = [h.token for h in list(self.held.values())]
+            if not tokens:
+                last_ok = time.monotonic()
+                continue
+            try:
+                async with self.pool.connection() as conn:
+                    alive = await leases.heartbeat(conn, tokens, self.settings.lease_seconds)
+                last_ok = time.monotonic()
+            except (psycopg.OperationalError, OSError) as exc:
+                log.warning("heartbeat failed (%s)", exc)
+                if time.monotonic() - last_ok < self.settings.lease_seconds:
+                    continue
+                alive = set()  # we cannot prove we hold anything any more
+            for t in tokens:
+                if t.key not in alive and (h := self.held.get(t.key)) is not None and h.token == t:
+                    h.lease_lost.set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until ``stop`` is set, then shut down gracefully."""
+        lane_loops = [asyncio.create_task(self._lane_loop(lane, stop)) for lane in self.capacity]
+        consumer = asyncio.create_task(
+            self.queue.consume(list(self.capacity), self.on_wake, self.on_reconnect)
+        )
+        firer = asyncio.create_task(self._fire_timers(stop))
+        hb_stop = asyncio.Event()
+        heart = asyncio.create_task(self._heartbeat_loop(hb_stop))
+        try:
+            await stop.wait()
+        finally:
+            self._stopping = True
+            for t in (*lane_loops, consumer, firer):
+                t.cancel()
+            await asyncio.gather(*lane_loops, consumer, firer, return_exceptions=True)
+            await self._drain(self.settings.shutdown_grace_seconds)
+            hb_stop.set()
+            heart.cancel()
+            await asyncio.gather(heart, return_exceptions=True)
+
+    async def _drain(self, grace: float) -> None:
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=grace)
+        remaining = list(self.tasks)
+        held = [h.token for h in self.held.values()]
+        for t in remaining:
+            t.cancel()
+        await asyncio.gather(*remaining, return_exceptions=True)
+        crash_point("shutdown.before_release")
+        if held:
+            try:
+                async with self.pool.connection() as conn:
+                    self.stats.released += await leases.release(conn, held, self.id)
+            except (psycopg.OperationalError, OSError) as exc:
+                log.warning("release at shutdown failed (%s); the leases will lapse", exc)
+
+
+def lanes_from_spec(spec: str | None, default: dict[str, int]) -> dict[str, int]:
+    """``"fast=64,io=16"`` -> {"fast": 64, "io": 16}; None -> default."""
+    if not spec:
+        return dict(default)
+    out: dict[str, int] = {}
+    for part in spec.split(","):
+        name, _, cap = part.partition("=")
+        out[name.strip()] = int(cap) if cap else default.get(name.strip(), 8)
+    return out
+
+
+__all__: Sequence[str] = ["Worker", "lanes_from_spec", "new_worker_id"]
