@@ -1,0 +1,128 @@
+"""``onward doctor``: the silent-failure checks (R16).
+
+Crashes raise errors; the dangerous failures don't. These checks look for absence instead: a
+run with no durable way forward, timers nobody fired, wakes nobody published, leases nobody
+rescued, effects nobody settled, a Redis that may evict wake jobs, no elected sweeper. Each
+check is one query; the healthy answer is zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from onward.db.migrate import verify
+from onward.db.sql import Queries
+from onward.engine import Engine
+
+Q = Queries(__package__, "doctor.sql")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    value: Any
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -> list[Check]:
+    checks: list[Check] = []
+    problems = verify(engine.url)
+    checks.append(
+        Check("migrations", not problems, len(problems), "; ".join(problems) or "up to date")
+    )
+    async with engine.pool.connection() as conn:
+        rows = await (
+            await conn.execute(Q.no_way_forward, {"settle": 5.0, "limit": limit})
+        ).fetchall()
+        checks.append(
+            Check(
+                "runs_without_way_forward",
+                not rows,
+                len(rows),
+                ", ".join(
+                    f"{r['org_id']}/{r['run_id']} ({r['status']}, step {r['step_status']})"
+                    for r in rows
+                )
+                or "every unfinished run has a durable way forward",
+            )
+        )
+        row = await (await conn.execute(Q.overdue_timers, {"grace": grace})).fetchone()
+        assert row is not None
+        checks.append(
+            Check(
+                "overdue_timers",
+                row["overdue"] == 0,
+                row["overdue"],
+                f"oldest due {row['oldest']} ({row['oldest_age_s']:.0f}s ago)"
+                if row["overdue"]
+                else "none",
+            )
+        )
+        row = await (await conn.execute(Q.stale_outbox, {"grace": grace})).fetchone()
+        assert row is not None
+        checks.append(
+            Check(
+                "stale_outbox",
+                row["stale"] == 0,
+                row["stale"],
+                f"oldest due {row['oldest']}: is a relay running?" if row["stale"] else "none",
+            )
+        )
+        row = await (await conn.execute(Q.expired_leases, {"grace": grace})).fetchone()
+        assert row is not None
+        checks.append(
+            Check(
+                "expired_leases",
+                row["expired"] == 0,
+                row["expired"],
+                f"oldest lapsed {row['oldest']}: is a sweeper running?"
+                if row["expired"]
+                else "none",
+            )
+        )
+        row = await (await conn.execute(Q.unsettled_effects, {"grace": grace})).fetchone()
+        assert row is not None
+        checks.append(
+            Check(
+                "unsettled_effects",
+                row["unsettled"] == 0,
+                row["unsettled"],
+                f"oldest first attempt {row['oldest']}" if row["unsettled"] else "none",
+            )
+        )
+        leader = await (await conn.execute(Q.sweeper_leader, {})).fetchone()
+    checks.append(
+        Check(
+            "sweeper_elected",
+            bool(leader and leader["live"]),
+            leader["holder"] if leader else None,
+            f"{leader['holder']} (term {leader['term']}) until {leader['lease_until']}"
+            if leader and leader["live"]
+            else "no live sweeper: timers fire only through their wake jobs",
+        )
+    )
+    queue_problems = await engine.queue.health()
+    checks.append(
+        Check(
+            f"queue_{engine.queue.name}",
+            not queue_problems,
+            len(queue_problems),
+            "; ".join(queue_problems) or "healthy",
+        )
+    )
+    return checks
+
+
+def render(checks: list[Check]) -> str:
+    lines = []
+    for c in checks:
+        mark = "ok " if c.ok else "BAD"
+        lines.append(f"[{mark}] {c.name:<26} {c.value!s:<8} {c.detail}")
+    bad = sum(not c.ok for c in checks)
+    lines.append(f"{len(checks) - bad} healthy, {bad} unhealthy")
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+-- The invariant queries (R16): watch for absence, not for errors. Zero rows / zero counts are
+-- the only healthy answers, except where a threshold is named.
+
+-- name: no_way_forward
+-- Unfinished runs with no durable way forward: no unfinished step at all, or a waiting step
+-- with no unfired timer (every wait -- on time, a signal or a person -- keeps a timer row for
+-- its instant or its deadline). Running steps have a lease that lapses into a rescue; ready
+-- steps are claimable; parked steps wait for the person shown on the parked list.
+SELECT r.org_id, r.run_id, r.status, s.seq, s.status AS step_status, s.wait_kind
+FROM runs r
+LEFT JOIN steps s
+       ON s.org_id = r.org_id AND s.run_id = r.run_id
+      AND s.status IN ('ready', 'running', 'waiting', 'parked')
+WHERE r.finished_at IS NULL
+  AND r.updated_at < now() - make_interval(secs => %(settle)s)
+  AND (s.seq IS NULL
+       OR (s.status = 'waiting' AND NOT EXISTS (
+              SELECT 1 FROM timers t
+              WHERE t.org_id = s.org_id AND t.run_id = s.run_id AND t.seq = s.seq
+                AND t.fired_at IS NULL)))
+ORDER BY r.updated_at
+LIMIT %(limit)s;
+
+-- name: overdue_timers
+-- Timers the sweep should have fired by now: how many, and the oldest due instant.
+SELECT count(*) AS overdue, min(due_at) AS oldest,
+       extract(epoch FROM now() - min(due_at))::float8 AS oldest_age_s
+FROM timers
+WHERE fired_at IS NULL AND due_at < now() - make_interval(secs => %(grace)s);
+
+-- name: stale_outbox
+-- Wakes recorded but not published long after they were due: the relay is not running.
+SELECT count(*) AS stale, min(deliver_at) AS oldest
+FROM outbox
+WHERE sent_at IS NULL AND deliver_at < now() - make_interval(secs => %(grace)s);
+
+-- name: expired_leases
+-- Claimed steps whose lease lapsed long ago and were not rescued: the sweeper is not running.
+SELECT count(*) AS expired, min(lease_until) AS oldest
+FROM steps
+WHERE status = 'running' AND lease_until < now() - make_interval(secs => %(grace)s);
+
+-- name: unsettled_effects
+-- Effects claimed but not settled for longer than the grace period; any that stay need a person.
+SELECT count(*) AS unsettled, min(first_attempt_at) AS oldest
+FROM effects
+WHERE status IN ('in_flight', 'outcome_unknown', 'review')
+  AND coalesce(last_attempt_at, created_at) < now() - make_interval(secs => %(grace)s);
+
+-- name: sweeper_leader
+-- Is a sweeper elected right now?
+SELECT holder, term, lease_until, lease_until > now() AS live
+FROM leader_leases WHERE org_id = '_system' AND name = 'sweeper';

@@ -1,0 +1,63 @@
+"""Shared fixtures: a real PostgreSQL (a fresh database per test, cloned from a migrated
+template) and real Redis. Nothing here mocks the database, the queue or a process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from onward.config import Settings
+from onward.engine import Engine
+from onward.testing import TemporaryDatabases
+
+ADMIN_URL = os.environ.get("ONWARD_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("ONWARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="session")
+def databases() -> Iterator[TemporaryDatabases]:
+    dbs = TemporaryDatabases(ADMIN_URL, tag=f"{os.getpid()}")
+    dbs.prepare_template()
+    yield dbs
+    for url in list(dbs.created):
+        dbs.drop(url)
+    dbs.drop_template()
+
+
+@pytest.fixture
+def db_url(databases: TemporaryDatabases) -> Iterator[str]:
+    url = databases.create()
+    yield url
+    databases.drop(url)
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    """Fast timings for tests; each test may ``dataclasses.replace`` what it needs."""
+    return Settings(
+        database_url=db_url,
+        org_id="test",
+        lease_seconds=3.0,
+        heartbeat_seconds=0.5,
+        poll_seconds=0.2,
+        sweep_seconds=0.2,
+        shutdown_grace_seconds=2.0,
+        queue="postgres",
+    )
+
+
+@pytest.fixture
+async def engine(settings: Settings) -> AsyncIterator[Engine]:
+    async with Engine.open(settings, migrate=False) as eng:
+        yield eng
+
+
+@pytest.fixture
+def sql(db_url: str) -> Iterator[psycopg.Connection]:
+    """A plain synchronous connection for assertions on the rows themselves."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:
+        yield conn
