@@ -17,13 +17,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
+from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
 from onward.automations.document import AutomationDoc
 from onward.automations.versions import Published, VersionCache, publish
 from onward.config import Settings
-from onward.db import make_pool, resolve_url
+from onward.connections import Integrations
+from onward.effects import Effects
+from onward.db import Pool, make_pool, resolve_url
 from onward.db.migrate import apply as apply_migrations
 from onward.errors import UnknownRun
 from onward.history import list_runs, run_view
@@ -56,7 +57,7 @@ class Engine:
         self,
         settings: Settings,
         url: str,
-        pool: AsyncConnectionPool,
+        pool: Pool,
         queue: Queue,
         registry: Registry,
     ) -> None:
@@ -65,6 +66,8 @@ class Engine:
         self.versions = VersionCache(pool)
         self.org_id = settings.org_id
         self.id = new_worker_id()
+        self.effects = Effects(pool, lease_seconds=settings.lease_seconds)
+        self.integrations = Integrations(pool, effects=self.effects)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -87,7 +90,11 @@ class Engine:
         try:
             if start_queue:
                 await queue.start()
-            yield cls(settings, url, pool, queue, registry or default_registry)
+            engine = cls(settings, url, pool, queue, registry or default_registry)
+            try:
+                yield engine
+            finally:
+                await engine.integrations.aclose()
         finally:
             await queue.close()
             await pool.close()

@@ -10,15 +10,14 @@ import json
 from datetime import datetime
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
+from onward.db import Pool
 from onward.db.sql import Queries
 from onward.errors import UnknownRun
 
 Q = Queries(__package__, "history.sql")
 
 
-async def run_view(pool: AsyncConnectionPool, org_id: str, run_id: str) -> dict[str, Any]:
+async def run_view(pool: Pool, org_id: str, run_id: str) -> dict[str, Any]:
     """The run, its steps and its ordered history."""
     args = {"org_id": org_id, "run_id": run_id}
     async with pool.connection() as conn:
@@ -32,7 +31,7 @@ async def run_view(pool: AsyncConnectionPool, org_id: str, run_id: str) -> dict[
 
 
 async def list_runs(
-    pool: AsyncConnectionPool,
+    pool: Pool,
     org_id: str,
     *,
     status: str | None = None,

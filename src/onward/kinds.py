@@ -35,6 +35,7 @@ class Advance:
     output: Any = None
     vars: dict[str, Any] | None = None
     next: str | None = None
+    skipped: str | None = None  # a reason: the step did nothing on purpose (e.g. no consent)
 
 
 @dataclass

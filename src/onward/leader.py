@@ -8,15 +8,14 @@ the database clock, so clock skew between processes cannot produce two leaders.
 
 from __future__ import annotations
 
-from psycopg_pool import AsyncConnectionPool
-
+from onward.db import Pool
 from onward.db.sql import Queries
 
 Q = Queries(__package__, "leader.sql")
 
 
 class Leadership:
-    def __init__(self, pool: AsyncConnectionPool, name: str, holder: str, ttl: float) -> None:
+    def __init__(self, pool: Pool, name: str, holder: str, ttl: float) -> None:
         self.pool, self.name, self.holder, self.ttl = pool, name, holder, ttl
         self.term: int | None = None
 

@@ -92,8 +92,9 @@ async def settle_advance(
     eager: bool,
     lease: float,
     detail: dict[str, Any] | None = None,
+    skipped: bool = False,
 ) -> dict[str, Any] | None:
-    """Done + enter the next step (or complete the run). None: the lease was lost."""
+    """Done (or skipped, e.g. consent refused) + enter the next step (or complete the run). None: the lease was lost."""
     cur = await conn.execute(
         Q.settle_advance,
         {
@@ -108,6 +109,7 @@ async def settle_advance(
             "eager": bool(eager and next_step),
             "lease": lease,
             "detail": Jsonb(detail) if detail else None,
+            "done_status": "skipped" if skipped else "done",
         },
     )
     return await cur.fetchone()

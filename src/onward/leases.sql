@@ -47,7 +47,7 @@ RETURNING s.org_id, s.run_id, s.seq;
 -- otherwise it is inserted ready with an outbox row that wakes a worker of its lane.
 WITH done AS (
     UPDATE steps
-    SET status = 'done', output = %(output)s, owner = NULL, lease_until = NULL,
+    SET status = %(done_status)s, output = %(output)s, owner = NULL, lease_until = NULL,
         finished_at = now(), updated_at = now()
     WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
       AND attempt = %(attempt)s AND status = 'running'
@@ -93,7 +93,7 @@ hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT d.org_id, d.run_id, e.event, e.seq, e.step_id, e.attempt, %(worker)s, e.detail
     FROM done d CROSS JOIN LATERAL (VALUES
-        ('step_done', d.seq, d.step_id, %(attempt)s::int, %(detail)s::jsonb),
+        ('step_' || %(done_status)s::text, d.seq, d.step_id, %(attempt)s::int, %(detail)s::jsonb),
         (CASE WHEN %(next_step_id)s::text IS NULL THEN 'run_completed'
               WHEN %(eager)s THEN 'step_claimed' ELSE 'step_ready' END,
          CASE WHEN %(next_step_id)s::text IS NULL THEN NULL ELSE d.seq + 1 END,

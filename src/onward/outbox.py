@@ -18,9 +18,9 @@ import contextlib
 import logging
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from onward.crashpoints import crash_point
+from onward.db import Pool
 from onward.db.sql import Queries
 from onward.queue.base import Queue, Wake
 
@@ -33,7 +33,7 @@ DELAY_HORIZON_S = 366 * 86400.0
 class Relay:
     def __init__(
         self,
-        pool: AsyncConnectionPool,
+        pool: Pool,
         queue: Queue,
         *,
         batch: int = 200,

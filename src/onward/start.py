@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from onward import ids
 from onward.automations.versions import VersionCache, load_version
+from onward.db import Pool
 from onward.db.sql import Queries
 from onward.errors import PayloadTooLarge
 from onward.kinds import Registry
@@ -43,7 +43,7 @@ def start_key_for(
 
 
 async def start_run(
-    pool: AsyncConnectionPool,
+    pool: Pool,
     org_id: str,
     automation_id: str,
     payload: dict[str, Any],

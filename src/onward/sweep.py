@@ -23,10 +23,10 @@ import logging
 from dataclasses import dataclass, field
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from onward import timers
 from onward.crashpoints import crash_point
+from onward.db import Pool
 from onward.db.sql import Queries
 from onward.leader import Leadership
 from onward.outbox import _sleep_or
@@ -59,7 +59,7 @@ class SweepStats:
 class Sweeper:
     def __init__(
         self,
-        pool: AsyncConnectionPool,
+        pool: Pool,
         *,
         worker_id: str,
         interval: float = 2.0,

@@ -96,7 +96,11 @@ async def eventually(
 
 
 def eventually_sync(
-    check: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"
+    check: Callable[[], T],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    what: str = "condition",
 ) -> T:
     deadline = time.monotonic() + timeout
     last: Any = None

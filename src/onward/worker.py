@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from onward import leases, timers
 from onward.automations.document import AutomationDoc, StepDef
@@ -41,6 +40,7 @@ from onward.automations.versions import VersionCache
 from onward.backoff import retry_delay
 from onward.config import Settings
 from onward.crashpoints import crash_point
+from onward.db import Pool
 from onward.durations import parse_duration
 from onward.errors import (
     AuthorizationError,
@@ -91,7 +91,7 @@ def _jsonable(value: Any) -> Any:
 class Worker:
     def __init__(
         self,
-        pool: AsyncConnectionPool,
+        pool: Pool,
         queue: Queue,
         *,
         settings: Settings,
@@ -343,9 +343,11 @@ class Worker:
         self, token: Token, step: StepDef, spec: KindSpec, exc: BaseException
     ) -> None:
         policy = step.retry or spec.retry
-        error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+        error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
         if isinstance(exc, StepError) and exc.detail:
             error["detail"] = exc.detail
+        if isinstance(exc, AuthorizationError) and exc.connection:
+            error["connection"] = exc.connection
         if isinstance(exc, AuthorizationError):
             reason = str(exc) or "reconnect the connection"
             await self._stop(token, "parked", "parked", reason, error=error, wait_kind="reconnect")
@@ -412,6 +414,8 @@ class Worker:
                 next_step=nxt,
                 eager=eager,
                 lease=self.settings.lease_seconds,
+                skipped=adv.skipped is not None,
+                detail={"skipped": adv.skipped} if adv.skipped else None,
             )
         crash_point("worker.after_settle")
         self._count_settle(res is not None)

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -26,6 +27,9 @@ from onward.errors import (
     RetryableError,
 )
 from onward.sandbox import SandboxAdmin, SandboxServer
+
+# connect("email", account=..., timeout=..., base_url=...) -> a connector for that provider
+Connect = Callable[..., Any]
 
 KEY = "run_81f3/step"
 PARAMS: dict[str, dict[str, Any]] = {
@@ -56,7 +60,7 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture
-def connect(sandbox: SandboxServer, http: httpx.AsyncClient) -> Any:
+def connect(sandbox: SandboxServer, http: httpx.AsyncClient) -> Connect:
     def make(provider: str, *, account: str = "acct_1", timeout: float = 5.0, **kw: Any) -> Any:
         connection = Connection(
             id=f"conn_{provider}_{account}",
@@ -123,7 +127,7 @@ async def test_a_connector_closes_only_a_client_it_created(sandbox: SandboxServe
 
 
 async def test_email_perform_is_idempotent_and_reconcilable(
-    connect: Any, admin: SandboxAdmin
+    connect: Connect, admin: SandboxAdmin
 ) -> None:
     email = connect("email")
 
@@ -139,8 +143,21 @@ async def test_email_perform_is_idempotent_and_reconcilable(
     assert len(admin.ledger("email")) == 1
 
 
+async def test_concurrent_sends_with_one_key_send_once(
+    connect: Connect, admin: SandboxAdmin
+) -> None:
+    # Two attempts overlapping (e.g. a replacement worker racing a slow one) must not both send.
+    email = connect("email")
+    admin.faults("email", latency_ms=100)
+
+    results = await asyncio.gather(*(email.perform(KEY, PARAMS["email"]) for _ in range(5)))
+
+    assert len({r["id"] for r in results}) == 1
+    assert len(admin.ledger("email")) == 1
+
+
 async def test_email_recovers_a_dropped_send_by_reconciling(
-    connect: Any, admin: SandboxAdmin
+    connect: Connect, admin: SandboxAdmin
 ) -> None:
     email = connect("email")
     admin.faults("email", script=["drop_after_work"])
@@ -156,7 +173,9 @@ async def test_email_recovers_a_dropped_send_by_reconciling(
     assert repeated["id"] == entry["response_id"]  # repeating the same key is also safe
 
 
-async def test_crm_upsert_is_idempotent_and_reconcilable(connect: Any, admin: SandboxAdmin) -> None:
+async def test_crm_upsert_is_idempotent_and_reconcilable(
+    connect: Connect, admin: SandboxAdmin
+) -> None:
     crm: CrmConnector = connect("crm")
 
     created = await crm.perform(KEY, PARAMS["crm"])
@@ -174,7 +193,7 @@ async def test_crm_upsert_is_idempotent_and_reconcilable(connect: Any, admin: Sa
     assert len({e["response_id"] for e in admin.ledger("crm")}) == 1
 
 
-async def test_crm_uses_the_effect_key_as_external_id_by_default(connect: Any) -> None:
+async def test_crm_uses_the_effect_key_as_external_id_by_default(connect: Connect) -> None:
     crm: CrmConnector = connect("crm")
 
     created = await crm.perform(KEY, {"name": "Maya"})
@@ -185,7 +204,7 @@ async def test_crm_uses_the_effect_key_as_external_id_by_default(connect: Any) -
 
 @pytest.mark.parametrize("provider", ["model", "payment", "slack"])
 async def test_non_idempotent_connectors_do_new_work_every_time(
-    provider: str, connect: Any, admin: SandboxAdmin
+    provider: str, connect: Connect, admin: SandboxAdmin
 ) -> None:
     connector = connect(provider)
 
@@ -200,7 +219,7 @@ async def test_non_idempotent_connectors_do_new_work_every_time(
         await connector.reconcile(KEY)
 
 
-async def test_model_and_slack_results(connect: Any) -> None:
+async def test_model_and_slack_results(connect: Connect) -> None:
     generated = await connect("model").perform(KEY, PARAMS["model"])
     posted = await connect("slack").perform(KEY, PARAMS["slack"])
 
@@ -209,7 +228,7 @@ async def test_model_and_slack_results(connect: Any) -> None:
 
 
 async def test_payment_drop_is_outcome_unknown_and_cannot_be_reconciled(
-    connect: Any, admin: SandboxAdmin
+    connect: Connect, admin: SandboxAdmin
 ) -> None:
     payment = connect("payment")
     admin.faults("payment", script=["drop_after_work"])
@@ -222,7 +241,7 @@ async def test_payment_drop_is_outcome_unknown_and_cannot_be_reconciled(
 
 
 async def test_generic_http_connector_sends_the_key_in_the_configured_header(
-    connect: Any, sandbox: SandboxServer, admin: SandboxAdmin
+    connect: Connect, sandbox: SandboxServer, admin: SandboxAdmin
 ) -> None:
     generic: HttpConnector = connect("http")
     call = {
@@ -241,16 +260,16 @@ async def test_generic_http_connector_sends_the_key_in_the_configured_header(
     assert len(admin.ledger("email")) == 2
 
 
-async def test_generic_http_connector_wraps_non_object_bodies(
-    connect: Any, sandbox: SandboxServer
+async def test_generic_http_connector_takes_any_method_and_url(
+    connect: Connect, sandbox: SandboxServer
 ) -> None:
     generic: HttpConnector = connect("http")
 
-    result = await generic.perform(KEY, {"method": "GET", "url": f"{sandbox.url}/_admin/faults"})
+    by_url = await generic.perform(KEY, {"method": "GET", "url": f"{sandbox.url}/_admin/faults"})
+    by_path = await generic.perform(KEY, {"method": "get", "path": "/_admin/health"})
 
-    assert "providers" in result
-    health = await generic.perform(KEY, {"method": "GET", "path": "/_admin/health"})
-    assert health["ok"] is True
+    assert "providers" in by_url
+    assert by_path["ok"] is True
 
 
 # --- probe and credentials -------------------------------------------------------------------
@@ -258,7 +277,7 @@ async def test_generic_http_connector_wraps_non_object_bodies(
 
 @pytest.mark.parametrize("provider", ["email", "crm", "model", "payment", "slack"])
 async def test_probe_detects_a_revoked_account(
-    provider: str, connect: Any, admin: SandboxAdmin
+    provider: str, connect: Connect, admin: SandboxAdmin
 ) -> None:
     connector = connect(provider)
     await connector.probe()
@@ -278,7 +297,7 @@ async def test_probe_detects_a_revoked_account(
 
 
 async def test_generic_http_probe(
-    connect: Any, sandbox: SandboxServer, admin: SandboxAdmin
+    connect: Connect, sandbox: SandboxServer, admin: SandboxAdmin
 ) -> None:
     generic = connect("http", base_url=f"{sandbox.url}/email")
     await generic.probe()  # GET /email/ is a 404 there, but the credentials were accepted
@@ -291,7 +310,7 @@ async def test_generic_http_probe(
 # --- classification of real failures ---------------------------------------------------------
 
 
-async def test_real_429_becomes_rate_limited(connect: Any, admin: SandboxAdmin) -> None:
+async def test_real_429_becomes_rate_limited(connect: Connect, admin: SandboxAdmin) -> None:
     admin.faults("crm", script=["429"], retry_after_s=2)
 
     with pytest.raises(RateLimited) as caught:
@@ -301,7 +320,7 @@ async def test_real_429_becomes_rate_limited(connect: Any, admin: SandboxAdmin) 
     assert admin.ledger("crm") == []
 
 
-async def test_real_503_becomes_retryable(connect: Any, admin: SandboxAdmin) -> None:
+async def test_real_503_becomes_retryable(connect: Connect, admin: SandboxAdmin) -> None:
     admin.faults("model", script=["503"])
 
     with pytest.raises(RetryableError) as caught:
@@ -311,12 +330,12 @@ async def test_real_503_becomes_retryable(connect: Any, admin: SandboxAdmin) -> 
     assert caught.value.detail["status"] == 503
 
 
-async def test_real_422_becomes_permanent(connect: Any) -> None:
+async def test_real_422_becomes_permanent(connect: Connect) -> None:
     with pytest.raises(PermanentError):
         await connect("payment").perform(KEY, PARAMS["payment"] | {"amount": -5})
 
 
-async def test_reused_key_with_other_params_is_permanent(connect: Any) -> None:
+async def test_reused_key_with_other_params_is_permanent(connect: Connect) -> None:
     email = connect("email")
     await email.perform(KEY, PARAMS["email"])
 
@@ -324,7 +343,9 @@ async def test_reused_key_with_other_params_is_permanent(connect: Any) -> None:
         await email.perform(KEY, PARAMS["email"] | {"subject": "Changed"})
 
 
-async def test_timeout_after_the_work_is_outcome_unknown(connect: Any, admin: SandboxAdmin) -> None:
+async def test_timeout_after_the_work_is_outcome_unknown(
+    connect: Connect, admin: SandboxAdmin
+) -> None:
     admin.faults("slack", script=["hang_after_work"], hang_s=30)
 
     with pytest.raises(OutcomeUnknown) as caught:
@@ -334,7 +355,7 @@ async def test_timeout_after_the_work_is_outcome_unknown(connect: Any, admin: Sa
     assert len(admin.ledger("slack")) == 1
 
 
-async def test_a_lost_read_is_only_retryable(connect: Any, admin: SandboxAdmin) -> None:
+async def test_a_lost_read_is_only_retryable(connect: Connect, admin: SandboxAdmin) -> None:
     admin.faults("email", script=["drop_after_work"])
 
     with pytest.raises(RetryableError) as caught:
@@ -343,7 +364,7 @@ async def test_a_lost_read_is_only_retryable(connect: Any, admin: SandboxAdmin) 
     assert type(caught.value) is RetryableError
 
 
-async def test_unreachable_provider_is_retryable_not_unknown(connect: Any) -> None:
+async def test_unreachable_provider_is_retryable_not_unknown(connect: Connect) -> None:
     with socket.socket() as placeholder:
         placeholder.bind(("127.0.0.1", 0))
         closed_port = placeholder.getsockname()[1]  # nothing listens here once closed

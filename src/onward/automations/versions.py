@@ -11,10 +11,10 @@ from functools import lru_cache
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from onward.automations.document import AutomationDoc
 from onward.automations.validate import validate
+from onward.db import Pool
 from onward.db.sql import Queries
 from onward.errors import UnknownAutomation
 from onward.kinds import Registry
@@ -32,7 +32,7 @@ class Published:
 
 
 async def publish(
-    pool: AsyncConnectionPool,
+    pool: Pool,
     org_id: str,
     data: dict[str, Any] | AutomationDoc,
     *,
@@ -63,7 +63,7 @@ def _parse(org_id: str, automation_id: str, version: int, raw: str) -> Automatio
 
 
 async def load_version(
-    pool: AsyncConnectionPool, org_id: str, automation_id: str, version: int | None = None
+    pool: Pool, org_id: str, automation_id: str, version: int | None = None
 ) -> tuple[int, AutomationDoc]:
     """A published version (latest when ``version`` is None)."""
     async with pool.connection() as conn:
@@ -84,7 +84,7 @@ async def load_version(
 class VersionCache:
     """Versions are immutable, so a worker caches each one forever after its first load."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._docs: dict[tuple[str, str, int], AutomationDoc] = {}
 

@@ -25,7 +25,7 @@ from onward.timers import Q as TIMER_Q
 SMALL_ORGS = 20
 
 
-def _fill(conn: psycopg.Connection, org: str, start: int, count: int) -> None:
+def _fill(conn: psycopg.Connection[dict[str, Any]], org: str, start: int, count: int) -> None:
     conn.execute(
         """
         INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at)
@@ -37,7 +37,7 @@ def _fill(conn: psycopg.Connection, org: str, start: int, count: int) -> None:
     )
 
 
-def _batch(conn: psycopg.Connection, lim: SweepLimits) -> int:
+def _batch(conn: psycopg.Connection[dict[str, Any]], lim: SweepLimits) -> int:
     with conn.transaction(force_rollback=True):
         orgs = [r["org_id"] for r in conn.execute(SWEEP_Q.due_candidates, {"orgs": lim.orgs})]
         due = conn.execute(

@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from onward.config import Settings
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
+Pool = AsyncConnectionPool[Conn]
 
 
 def resolve_url(settings: Settings) -> str:
@@ -33,12 +34,11 @@ async def _configure(conn: Conn) -> None:
     await conn.set_autocommit(True)
 
 
-def make_pool(
-    url: str, *, min_size: int = 1, max_size: int = 10, name: str = "onward"
-) -> AsyncConnectionPool:
+def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "onward") -> Pool:
     """An open-on-demand async pool of autocommit connections returning dict rows."""
     return AsyncConnectionPool(
         url,
+        connection_class=psycopg.AsyncConnection[dict[str, Any]],
         min_size=min_size,
         max_size=max_size,
         kwargs={"row_factory": dict_row, "autocommit": True, "prepare_threshold": 0},

@@ -70,7 +70,7 @@ def apply(url: str) -> list[Migration]:
                 conn.execute(_BOOKKEEPING)
                 if mig.version in applied(conn):
                     continue
-                conn.execute(mig.sql.encode())  # type: ignore[call-overload]
+                conn.execute(mig.sql.encode())
                 conn.execute(
                     "INSERT INTO onward_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                     (mig.version, mig.name, mig.checksum),

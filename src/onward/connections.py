@@ -1,0 +1,148 @@
+"""Connected accounts (R15) and consent at send time (R14), as step kinds see them.
+
+``Integrations`` is what a step kind reaches through ``step.services``: the connector of a
+connection (one object per connected account, sharing one HTTP client), the effect store, and
+the consent check. It owns the ``connections``, ``suppressions`` and ``notifications`` tables.
+
+Revoked credentials: a provider's 401/403 becomes ``AuthorizationError``; the step kind marks
+the connection broken (writing the customer's notification in the same statement) and the
+worker parks the run with the reason ("reconnect the email account ..."). A step that needs a
+connection already known broken parks without calling the provider. ``restore`` makes the
+connection usable and resumes every run parked on it from the same step, in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from onward.connectors import Connection, Connector, get_connector_class
+from onward.db import Pool
+from onward.db.sql import Queries
+from onward.effects import Effects
+from onward.errors import AuthorizationError, PermanentError, StepError
+
+Q = Queries(__package__, "connections.sql")
+
+NotifyHook = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Suppressed:
+    reason: str
+
+
+class Integrations:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        effects: Effects | None = None,
+        client: httpx.AsyncClient | None = None,
+        timeout: float = 10.0,
+        notify: NotifyHook | None = None,
+    ) -> None:
+        self.pool = pool
+        self.effects = effects or Effects(pool)
+        self.client = client or httpx.AsyncClient(timeout=timeout)
+        self.timeout = timeout
+        self.notify = notify
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def _one(self, query: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query, args)
+            row: dict[str, Any] | None = await cur.fetchone()
+            return row
+
+    # -- connections -----------------------------------------------------------------------
+    async def add_connection(
+        self,
+        org_id: str,
+        connection_id: str,
+        *,
+        provider: str,
+        base_url: str,
+        account: str,
+        secret: str,
+    ) -> None:
+        get_connector_class(provider)  # refuse an unknown provider before storing anything
+        await self._one(
+            Q.upsert + " RETURNING connection_id",
+            {
+                "org_id": org_id,
+                "connection_id": connection_id,
+                "provider": provider,
+                "base_url": base_url,
+                "account": account,
+                "secret": secret,
+            },
+        )
+
+    async def connector(self, org_id: str, connection_id: str) -> Connector:
+        """The connector for a usable connection; parks the step if it is known broken."""
+        row = await self._one(Q.get, {"org_id": org_id, "connection_id": connection_id})
+        if row is None:
+            raise PermanentError(f"no connection {connection_id!r} in organisation {org_id!r}")
+        if row["status"] == "broken":
+            raise AuthorizationError(
+                f"reconnect the {row['provider']} account {row['account']}: "
+                f"{row['broken_reason'] or 'its credentials were refused'}",
+                connection=connection_id,
+            )
+        conn = Connection(
+            connection_id, row["provider"], row["base_url"], row["account"], row["secret"]
+        )
+        return get_connector_class(conn.provider)(conn, client=self.client, timeout=self.timeout)
+
+    async def mark_broken(self, org_id: str, connection_id: str, reason: str) -> None:
+        row = await self._one(
+            Q.mark_broken, {"org_id": org_id, "connection_id": connection_id, "reason": reason}
+        )
+        if row is not None and self.notify is not None:
+            await self.notify(row["subject"], {"connection_id": connection_id, "reason": reason})
+
+    async def restore(self, org_id: str, connection_id: str) -> list[dict[str, Any]]:
+        """Mark usable and resume every run parked on it; returns the resumed (run_id, seq)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(Q.restore, {"org_id": org_id, "connection_id": connection_id})
+            return list(await cur.fetchall())
+
+    async def probe(self, org_id: str, connection_id: str) -> str | None:
+        """Check a connection ahead of time. Returns None when healthy, else the reason (and
+        marks it broken, so the customer is told before a run needs it)."""
+        try:
+            connector = await self.connector(org_id, connection_id)
+            await connector.probe()
+        except AuthorizationError as exc:
+            await self.mark_broken(org_id, connection_id, str(exc))
+            return str(exc)
+        except StepError as exc:
+            return str(exc)
+        await self._one(
+            Q.mark_checked + " RETURNING connection_id",
+            {"org_id": org_id, "connection_id": connection_id},
+        )
+        return None
+
+    # -- consent -----------------------------------------------------------------------------
+    async def suppress(
+        self, org_id: str, contact: str, reason: str, channel: str = "email"
+    ) -> None:
+        await self._one(
+            Q.suppress + " RETURNING contact",
+            {"org_id": org_id, "contact": contact, "channel": channel, "reason": reason},
+        )
+
+    async def suppression(
+        self, org_id: str, contact: str, channel: str = "email"
+    ) -> Suppressed | None:
+        row = await self._one(
+            Q.suppression, {"org_id": org_id, "contact": contact, "channel": channel}
+        )
+        return Suppressed(row["reason"]) if row else None

@@ -1,0 +1,85 @@
+-- Connected accounts (R15).
+
+-- name: upsert
+-- Create or replace a connection (e.g. after the customer reconnects with a new token).
+INSERT INTO connections (org_id, connection_id, provider, base_url, account, secret)
+VALUES (%(org_id)s, %(connection_id)s, %(provider)s, %(base_url)s, %(account)s, %(secret)s)
+ON CONFLICT (org_id, connection_id) DO UPDATE
+SET provider = EXCLUDED.provider, base_url = EXCLUDED.base_url, account = EXCLUDED.account,
+    secret = EXCLUDED.secret, updated_at = now();
+
+-- name: get
+-- One connection.
+SELECT connection_id, provider, base_url, account, secret, status, broken_reason
+FROM connections WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;
+
+-- name: mark_broken
+-- The provider refused the credentials: mark broken and write the customer's notification in
+-- the same transaction (only on the change, so a hundred parked runs notify once).
+WITH b AS (
+    UPDATE connections SET status = 'broken', broken_reason = %(reason)s, broken_at = now(),
+                           updated_at = now()
+    WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s AND status = 'ok'
+    RETURNING org_id, connection_id, provider, account
+)
+INSERT INTO notifications (org_id, kind, subject, body)
+SELECT org_id, 'connection_broken', 'reconnect the ' || provider || ' account ' || account,
+       jsonb_build_object('connection_id', connection_id, 'reason', %(reason)s::text)
+FROM b
+RETURNING notification_id, subject;
+
+-- name: restore
+-- The customer reconnected: the connection is usable again, and every step parked on it
+-- becomes ready (same step, next attempt) with a wake, in one transaction.
+WITH c AS (
+    UPDATE connections SET status = 'ok', broken_reason = NULL, updated_at = now()
+    WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
+    RETURNING org_id, connection_id
+),
+s AS (
+    UPDATE steps st
+    SET status = 'ready', wait_kind = NULL, available_at = now(), updated_at = now(),
+        wake = jsonb_build_object('by', 'reconnect', 'connection_id', c.connection_id)
+    FROM c
+    WHERE st.org_id = c.org_id AND st.status = 'parked' AND st.wait_kind = 'reconnect'
+      AND st.error ->> 'connection' = c.connection_id
+    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt
+),
+r AS (
+    UPDATE runs SET status = 'active', status_reason = NULL, updated_at = now()
+    FROM s WHERE runs.org_id = s.org_id AND runs.run_id = s.run_id AND runs.status = 'parked'
+),
+wake AS (
+    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
+    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
+           jsonb_build_object('run_id', run_id, 'seq', seq)
+    FROM s
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
+    SELECT org_id, run_id, 'step_resumed', seq, step_id,
+           jsonb_build_object('by', 'reconnect', 'connection_id', %(connection_id)s::text)
+    FROM s
+)
+SELECT run_id, seq FROM s;
+
+-- name: mark_checked
+-- A health probe answered.
+UPDATE connections SET checked_at = now()
+WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;
+
+-- name: pending_notifications
+-- Notifications not yet delivered by the hook.
+SELECT notification_id, kind, subject, body, created_at FROM notifications
+WHERE org_id = %(org_id)s AND delivered_at IS NULL ORDER BY notification_id;
+
+-- name: suppress
+-- Add a contact to the suppression list (unsubscribe, complaint, erasure).
+INSERT INTO suppressions (org_id, contact, channel, reason)
+VALUES (%(org_id)s, lower(%(contact)s), %(channel)s, %(reason)s)
+ON CONFLICT (org_id, contact, channel) DO UPDATE SET reason = EXCLUDED.reason;
+
+-- name: suppression
+-- Why a contact must not be contacted on a channel, if they must not.
+SELECT reason, created_at FROM suppressions
+WHERE org_id = %(org_id)s AND contact = lower(%(contact)s) AND channel = %(channel)s;

@@ -1,0 +1,147 @@
+"""Step kinds that act on the outside world, each through the effect protocol (R4):
+``email.send``, ``crm.upsert``, ``model.generate``, ``payment.charge`` and ``http.call``.
+
+Every one names a connection (``with: {connection: mailbox}``) and passes its effect key as the
+provider's idempotency key. Kinds that contact a person check consent at the moment they run
+(R14): a suppressed contact's step is skipped, with the reason in the run's history. An
+authorisation failure marks the connection broken and parks the run (R15).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from onward.connections import Integrations
+from onward.errors import AuthorizationError, PermanentError
+from onward.kinds import Advance, StepContext, step_kind
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    connection: str
+
+
+class EmailParams(_Base):
+    to: str
+    subject: str
+    body: str
+    sender: str = Field(default="onward@example.test", alias="from")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class CrmParams(_Base):
+    external_id: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelParams(_Base):
+    prompt: str
+    max_tokens: int = Field(default=256, ge=1, le=32_000)
+
+
+class PaymentParams(_Base):
+    amount: int = Field(ge=1)
+    currency: str = "eur"
+    customer: str
+    description: str = ""
+
+
+class HttpParams(_Base):
+    path: str = "/"
+    method: str = "POST"
+    body: dict[str, Any] = Field(default_factory=dict)
+
+
+def _integrations(step: StepContext) -> Integrations:
+    if not isinstance(step.services, Integrations):
+        raise PermanentError(
+            f"step kind {step.kind} needs the engine's integrations (run it with Engine.running())"
+        )
+    return step.services
+
+
+def _render(step: StepContext, value: str) -> str:
+    """Fill ``{input.x}`` / ``{vars.y}`` placeholders from the run's variables."""
+    if "{" not in value:
+        return value
+    flat: dict[str, Any] = {}
+    for root, data in (("input", step.input), ("vars", step.vars)):
+        for k, v in (data or {}).items():
+            flat[f"{root}.{k}"] = v
+    for key, v in flat.items():
+        value = value.replace("{" + key + "}", str(v))
+    return value
+
+
+async def _effect(step: StepContext, connection: str, params: dict[str, Any]) -> dict[str, Any]:
+    integ = _integrations(step)
+    try:
+        connector = await integ.connector(step.org_id, connection)
+        return await integ.effects.run(step, connector, params)
+    except AuthorizationError as exc:
+        await integ.mark_broken(step.org_id, connection, str(exc))
+        raise
+
+
+@step_kind("email.send", lane="io", params=EmailParams, contacts_person=True)
+async def email_send(step: StepContext) -> Advance:
+    p: EmailParams = step.params
+    to = _render(step, p.to)
+    integ = _integrations(step)
+    refused = await integ.suppression(step.org_id, to, "email")
+    if refused is not None:
+        reason = f"{to} must not be emailed: {refused.reason} (checked at send time)"
+        return Advance(output={"sent": False, "reason": reason}, skipped=reason)
+    result = await _effect(
+        step,
+        p.connection,
+        {
+            "from": p.sender,
+            "to": to,
+            "subject": _render(step, p.subject),
+            "body": _render(step, p.body),
+            "metadata": p.metadata,
+        },
+    )
+    # The message id is the correlation key a reply will carry (signals, later).
+    return Advance(output={"sent": True, "message_id": result.get("id"), "result": result})
+
+
+@step_kind("crm.upsert", lane="io", params=CrmParams)
+async def crm_upsert(step: StepContext) -> dict[str, Any]:
+    p: CrmParams = step.params
+    fields = {k: _render(step, v) if isinstance(v, str) else v for k, v in p.fields.items()}
+    return await _effect(
+        step, p.connection, {**fields, "external_id": _render(step, p.external_id)}
+    )
+
+
+@step_kind("model.generate", lane="slow", params=ModelParams)
+async def model_generate(step: StepContext) -> dict[str, Any]:
+    p: ModelParams = step.params
+    return await _effect(
+        step, p.connection, {"prompt": _render(step, p.prompt), "max_tokens": p.max_tokens}
+    )
+
+
+@step_kind("payment.charge", lane="io", params=PaymentParams)
+async def payment_charge(step: StepContext) -> dict[str, Any]:
+    p: PaymentParams = step.params
+    return await _effect(
+        step,
+        p.connection,
+        {
+            "amount": p.amount,
+            "currency": p.currency,
+            "customer": _render(step, p.customer),
+            "description": p.description,
+        },
+    )
+
+
+@step_kind("http.call", lane="io", params=HttpParams)
+async def http_call(step: StepContext) -> dict[str, Any]:
+    p: HttpParams = step.params
+    return await _effect(step, p.connection, {"path": p.path, "method": p.method, "json": p.body})

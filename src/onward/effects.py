@@ -1,0 +1,172 @@
+"""Outside effects, at least once made idempotent (R4) -- the design's ``runEffect``.
+
+    result = await effects.run(step, connector, params)
+
+1. **Claim or read** the effect row by key (``<run_id>/<step_id>/<iteration>``: the same for
+   every attempt, different for every loop iteration).
+2. ``settled``: return the recorded result -- the provider is not called again.
+3. ``in_flight`` with a live effect lease: another attempt may be calling the provider right
+   now. Wait for it to settle or for its lease to lapse; never overlap it.
+4. ``in_flight`` with a lapsed lease, or ``outcome_unknown``: the call may have happened.
+   Reconcile first (search the provider for work tagged with the key); if found, settle it.
+   Else, if the provider deduplicates idempotency keys, begin a new attempt with the SAME key.
+   Else park for a person (``review``) with what is known: key, first attempt, last error.
+5. Perform, heartbeating the effect lease; settle the result. A dropped connection after the
+   request was sent marks the effect ``outcome_unknown``; an answer that says the work was not
+   done (429, 401, 4xx, 5xx) withdraws the claim so the next attempt starts clean.
+
+The effect lease is separate from the step lease: a worker whose step lease was taken over
+may still be inside the provider call; its replacement waits on the effect lease instead of
+calling the provider a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from onward.connectors.base import Connector
+from onward.crashpoints import crash_point
+from onward.db import Pool
+from onward.db.sql import Queries
+from onward.errors import NeedsReview, OutcomeUnknown, StepError
+from onward.kinds import StepContext
+
+Q = Queries(__package__, "effects.sql")
+
+
+def _error(exc: BaseException) -> Jsonb:
+    detail = exc.detail if isinstance(exc, StepError) else {}
+    return Jsonb({"type": type(exc).__name__, "message": str(exc)[:1000], "detail": detail})
+
+
+class Effects:
+    """The effect store of one engine: claims, leases and results of outside effects."""
+
+    def __init__(self, pool: Pool, *, lease_seconds: float = 30.0, poll: float = 0.1) -> None:
+        self.pool, self.lease_seconds, self.poll = pool, lease_seconds, poll
+
+    async def _one(self, query: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query, args)
+            row: dict[str, Any] | None = await cur.fetchone()
+            return row
+
+    async def run(
+        self,
+        step: StepContext,
+        connector: Connector,
+        params: dict[str, Any],
+        *,
+        key: str | None = None,
+    ) -> dict[str, Any]:
+        key = key or step.effect_key
+        args = {
+            "org_id": step.org_id,
+            "effect_key": key,
+            "run_id": step.run_id,
+            "seq": step.seq,
+            "provider": connector.provider,
+            "lease": self.lease_seconds,
+        }
+        claimed = await self._one(Q.claim, args)
+        token: int | None = claimed["owner_token"] if claimed else None
+        while token is None:
+            row = await self._one(Q.read, args)
+            if row is None:  # withdrawn between our claim and read: claim afresh
+                claimed = await self._one(Q.claim, args)
+                token = claimed["owner_token"] if claimed else None
+                continue
+            status = row["status"]
+            if status == "settled":
+                return dict(row["result"] or {})
+            if status == "review":
+                raise self._review(key, connector, row)
+            if status == "in_flight":
+                if row["lease_live"]:
+                    # Another attempt may be inside the provider call: do not overlap it.
+                    await asyncio.sleep(min(self.poll, row["lease_left_s"] + 0.01))
+                    continue
+                await self._one(Q.lapse, args)
+                continue
+            # outcome_unknown: the work may have happened.
+            if connector.supports_reconcile:
+                found = await connector.reconcile(key)
+                if found is not None:
+                    return await self._settle(args, found)
+            if not connector.supports_idempotency:
+                parked = await self._one(Q.park_for_review, {**args, "error": None})
+                raise self._review(key, connector, parked or row)
+            begun = await self._one(Q.begin_attempt, args)
+            token = begun["owner_token"] if begun else None
+        crash_point("effect.after_claim")
+        result = await self._perform(args, token, key, connector, params)
+        crash_point("effect.after_call")
+        return await self._settle(args, result)
+
+    async def _perform(
+        self,
+        args: dict[str, Any],
+        token: int,
+        key: str,
+        connector: Connector,
+        params: dict[str, Any],
+    ) -> dict[str, Any]:
+        beat = asyncio.create_task(self._heartbeat(args, token))
+        try:
+            return await connector.perform(key, params)
+        except StepError as exc:
+            if isinstance(exc, OutcomeUnknown):
+                await self._one(Q.mark_unknown, {**args, "token": token, "error": _error(exc)})
+            else:  # the provider answered: the work was not done
+                gone = await self._one(Q.forget_attempt, {**args, "token": token})
+                if gone is None:
+                    await self._one(
+                        Q.back_to_unknown, {**args, "token": token, "error": _error(exc)}
+                    )
+            raise
+        except asyncio.CancelledError:
+            # Interrupted mid-call: write nothing now; the effect lease lapses into
+            # outcome_unknown and the next attempt reconciles.
+            raise
+        except Exception as exc:
+            await self._one(Q.mark_unknown, {**args, "token": token, "error": _error(exc)})
+            raise OutcomeUnknown(f"effect {key}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+    async def _heartbeat(self, args: dict[str, Any], token: int) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            with contextlib.suppress(Exception):
+                await self._one(Q.heartbeat, {**args, "token": token})
+
+    async def _settle(self, args: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+        result = json.loads(json.dumps(result, default=str))
+        row = await self._one(Q.settle, {**args, "result": Jsonb(result)})
+        if row is None:  # settled by someone else first: theirs is the recorded truth
+            read = await self._one(Q.read, args)
+            return dict(read["result"] or {}) if read else result
+        return result
+
+    @staticmethod
+    def _review(key: str, connector: Connector, row: dict[str, Any]) -> NeedsReview:
+        known = {
+            "effect_key": key,
+            "provider": connector.provider,
+            "first_attempt_at": str(row.get("first_attempt_at")),
+            "attempts": row.get("attempts"),
+            "last_error": row.get("last_error"),
+        }
+        return NeedsReview(
+            f"effect {key}: the {connector.provider} call may have happened and the provider "
+            "offers neither an idempotency key nor a search; a person must check "
+            f"(first attempt {known['first_attempt_at']}, {known['attempts']} attempt(s))",
+            detail=known,
+        )

@@ -1,0 +1,90 @@
+-- Outside effects (R4): at least once, made idempotent. The effect key names the effect
+-- ("<run_id>/<step_id>/<iteration>"), never the attempt. The effect row has its own lease and
+-- owner token, separate from the step's: a replacement never calls the provider while an
+-- earlier call may still be running.
+
+-- name: claim
+-- First attempt: create the row in_flight, owned by token 1, with its lease. No row returned:
+-- the effect exists already; read it (read) and decide.
+INSERT INTO effects (org_id, effect_key, run_id, seq, provider, status, owner_token, lease_until,
+                     attempts, first_attempt_at, last_attempt_at)
+VALUES (%(org_id)s, %(effect_key)s, %(run_id)s, %(seq)s, %(provider)s, 'in_flight', 1,
+        now() + make_interval(secs => %(lease)s), 1, now(), now())
+ON CONFLICT (org_id, effect_key) DO NOTHING
+RETURNING owner_token;
+
+-- name: read
+-- The effect as it stands, with whether its lease is still live by the database clock.
+SELECT effect_key, status, owner_token, attempts, first_attempt_at, last_attempt_at, result,
+       last_error, lease_until, coalesce(lease_until > now(), false) AS lease_live,
+       greatest(0, extract(epoch FROM lease_until - now()))::float8 AS lease_left_s
+FROM effects WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s;
+
+-- name: lapse
+-- An in_flight effect whose lease expired: a call began and nobody recorded its end, so the
+-- outcome is unknown. Only this transition may turn a lapsed call into a retry candidate.
+UPDATE effects SET status = 'outcome_unknown',
+                   last_error = coalesce(last_error, '{}'::jsonb) || '{"lapsed": true}'::jsonb
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+  AND status = 'in_flight' AND lease_until < now()
+RETURNING owner_token;
+
+-- name: begin_attempt
+-- A new attempt of an effect whose outcome is unknown (after reconcile found nothing, for a
+-- provider that deduplicates the idempotency key): a new owner token and a new lease.
+UPDATE effects
+SET status = 'in_flight', owner_token = owner_token + 1, attempts = attempts + 1,
+    lease_until = now() + make_interval(secs => %(lease)s), last_attempt_at = now()
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
+RETURNING owner_token;
+
+-- name: heartbeat
+-- Extend the effect lease while the call runs, only while this token owns it.
+UPDATE effects SET lease_until = now() + make_interval(secs => %(lease)s)
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+  AND owner_token = %(token)s AND status = 'in_flight'
+RETURNING lease_until;
+
+-- name: settle
+-- Record the provider's result. A result is a fact: whoever learns it first records it, even a
+-- call whose lease lapsed meanwhile; a settled result is never overwritten.
+UPDATE effects
+SET status = 'settled', result = %(result)s, settled_at = now(), lease_until = NULL
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status <> 'settled'
+RETURNING result;
+
+-- name: mark_unknown
+-- The call may have happened (the connection dropped after sending): keep the row, unknown.
+UPDATE effects
+SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+  AND owner_token = %(token)s AND status = 'in_flight'
+RETURNING owner_token;
+
+-- name: forget_attempt
+-- The provider answered that it did not do the work (429, 401, 4xx, 5xx): nothing happened,
+-- so the claim is withdrawn and the next attempt starts clean.
+DELETE FROM effects
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+  AND owner_token = %(token)s AND status = 'in_flight' AND attempts = 1
+RETURNING effect_key;
+
+-- name: back_to_unknown
+-- As forget_attempt, for an effect that had earlier uncertain attempts: it stays unknown.
+UPDATE effects SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+  AND owner_token = %(token)s AND status = 'in_flight'
+RETURNING owner_token;
+
+-- name: park_for_review
+-- No safe way to retry: a person decides. The row keeps what is known.
+UPDATE effects SET status = 'review', lease_until = NULL,
+                   last_error = coalesce(%(error)s, last_error)
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
+RETURNING first_attempt_at, attempts, last_error;
+
+-- name: list_for_run
+-- The effects of one run, for its page.
+SELECT effect_key, provider, status, attempts, first_attempt_at, last_attempt_at, settled_at,
+       result, last_error
+FROM effects WHERE org_id = %(org_id)s AND run_id = %(run_id)s ORDER BY first_attempt_at;
