@@ -175,7 +175,7 @@ class Engine:
                 versions=self.versions,
                 worker_id=self.id,
                 lanes=lanes,
-                services=extra,
+                services=extra if extra is not None else self.integrations,
             )
         if relay:
             svc.relay = Relay(self.pool, self.queue, batch=self.settings.relay_batch, kick=kick)
