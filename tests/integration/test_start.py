@@ -14,7 +14,9 @@ from onward.errors import UnknownAutomation
 FLOW = Automation("greet").step("hello", "set", values={"greeting": "'hi ' + input.name"}).build()
 
 
-async def test_fifty_concurrent_duplicate_starts_make_one_run(engine: Engine, sql: psycopg.Connection) -> None:
+async def test_fifty_concurrent_duplicate_starts_make_one_run(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
     await engine.publish(FLOW)
     results = await asyncio.gather(
         *(engine.start("greet", {"name": "Maya"}, event_id="evt_7Hq2") for _ in range(50))
@@ -26,7 +28,9 @@ async def test_fifty_concurrent_duplicate_starts_make_one_run(engine: Engine, sq
     # run + first step + its wake + history were written together
     assert sql.execute("SELECT count(*) AS n FROM steps").fetchone()["n"] == 1
     assert sql.execute("SELECT count(*) AS n FROM outbox WHERE topic = 'step'").fetchone()["n"] == 1
-    dups = sql.execute("SELECT count(*) AS n FROM history WHERE event = 'start_duplicate'").fetchone()
+    dups = sql.execute(
+        "SELECT count(*) AS n FROM history WHERE event = 'start_duplicate'"
+    ).fetchone()
     assert dups["n"] == 49
 
 
@@ -40,7 +44,9 @@ async def test_payload_hash_key_collapses_identical_payloads(engine: Engine) -> 
     assert ":sha256:" in a.start_key
 
 
-async def test_too_large_payload_is_refused_and_nothing_stored(engine: Engine, sql: psycopg.Connection) -> None:
+async def test_too_large_payload_is_refused_and_nothing_stored(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
     await engine.publish(FLOW)
     with pytest.raises(PayloadTooLarge):
         await engine.start("greet", {"blob": "x" * (engine.settings.max_payload_bytes + 1)})

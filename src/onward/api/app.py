@@ -172,13 +172,13 @@ def _parse_json(raw: bytes, what: str) -> Any:
 
 def event_id_of(request: Request, body: dict[str, Any]) -> str | None:
     for header in EVENT_ID_HEADERS:
-        value = request.headers.get(header, "").strip()
-        if value:
-            return _checked_event_id(value, header)
-    value = body.get("event_id")
-    if isinstance(value, bool) or not isinstance(value, str | int):
+        header_value = request.headers.get(header, "").strip()
+        if header_value:
+            return _checked_event_id(header_value, header)
+    field = body.get("event_id")
+    if isinstance(field, bool) or not isinstance(field, str | int):
         return None
-    text = str(value).strip()
+    text = str(field).strip()
     return _checked_event_id(text, "event_id") if text else None
 
 

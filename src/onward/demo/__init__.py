@@ -108,5 +108,8 @@ async def run_demo(
     seconds = time.monotonic() - began
     timeline = render_timeline(view)
     out(timeline)
+    summary = (view["run"].get("ctx") or {}).get("vars", {}).get("summary")
+    if summary:
+        out(f"result: {summary}")
     out(f"run {run_id} {status}; demo took {seconds:.1f}s")
     return DemoResult(run_id, status, seconds, answers, timeline)

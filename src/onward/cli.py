@@ -1,0 +1,574 @@
+"""The ``onward`` command line (B3).
+
+    onward demo                         everything in one process, on the embedded PostgreSQL
+    onward up                           API + worker + relay + sweeper until SIGINT/SIGTERM
+    onward worker [--lanes fast=64,io=16]   worker + relay + sweeper (no API)
+    onward api [--host H --port P]      the HTTP API only
+    onward migrate [--status|--verify]  database migrations
+    onward publish FILE                 publish an automation document (YAML or JSON)
+    onward start AUTOMATION [--payload JSON|@file] [--event-id ID] [--key K]
+    onward runs [--status S] [--automation A] [--limit N]
+    onward show RUN                     one run's timeline
+    onward sandbox [--host H --port P]  the fake providers, for trying connectors
+
+Global options (before the command) override the environment: ``--database-url``
+(ONWARD_DATABASE_URL; unset = embedded PostgreSQL), ``--queue`` (ONWARD_QUEUE),
+``--org`` (ONWARD_ORG), ``--redis-url`` (ONWARD_REDIS_URL), ``--data-dir`` (ONWARD_DATA_DIR).
+Listing and inspecting commands take ``--json``: the same bodies the HTTP API answers.
+
+Exit codes: 0 success; 1 a runtime failure (database unreachable, run not finished, migration
+problems found by ``--verify``); 2 a problem with what was asked (invalid automation, unknown run
+or automation, payload too large, bad configuration) -- one line per problem on stderr, no
+traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import psycopg
+import typer
+
+from onward.config import QUEUES, Settings
+from onward.errors import InvalidAutomation, OnwardError
+
+T = TypeVar("T")
+log = logging.getLogger("onward.cli")
+
+app = typer.Typer(
+    name="onward",
+    help="onward: a durable workflow engine. PostgreSQL stores what happened and what must "
+    "happen next; a queue only wakes workers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class UsageProblem(Exception):
+    """A problem with what the user asked (a bad flag value, unreadable file): exit 2."""
+
+
+# -- global options --------------------------------------------------------------------------
+
+
+class Globals:
+    def __init__(self, **overrides: Any) -> None:
+        self.overrides = overrides
+
+    def settings(self, **extra: Any) -> Settings:
+        overrides = {**self.overrides, **extra}
+        if not overrides.get("data_dir") and not os.environ.get("ONWARD_DATA_DIR"):
+            from onward.db.embedded import default_data_dir
+
+            overrides["data_dir"] = default_data_dir()
+        return Settings.from_env(**{k: v for k, v in overrides.items() if v not in (None, "")})
+
+
+@app.callback()
+def _globals(
+    ctx: typer.Context,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            envvar="ONWARD_DATABASE_URL",
+            show_envvar=True,
+            help="PostgreSQL URL; unset: start the embedded PostgreSQL.",
+        ),
+    ] = None,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue", envvar="ONWARD_QUEUE", show_envvar=True, help=f"one of {', '.join(QUEUES)}"
+        ),
+    ] = None,
+    org: Annotated[
+        str | None,
+        typer.Option("--org", envvar="ONWARD_ORG", show_envvar=True, help="organisation id"),
+    ] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option("--redis-url", envvar="ONWARD_REDIS_URL", show_envvar=True),
+    ] = None,
+    data_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--data-dir",
+            envvar="ONWARD_DATA_DIR",
+            show_envvar=True,
+            help="embedded PostgreSQL folder (default /var/lib/onward as root, else ./.onward)",
+        ),
+    ] = None,
+    log_level: Annotated[
+        str,
+        typer.Option("--log-level", envvar="ONWARD_LOG_LEVEL", help="debug, info, warning"),
+    ] = "info",
+) -> None:
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise UsageProblem(f"--log-level {log_level!r}: choose debug, info, warning or error")
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # One line per HTTP request made by the demo or a connector is noise at INFO.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
+    ctx.obj = Globals(
+        database_url=database_url, queue=queue, org_id=org, redis_url=redis_url, data_dir=data_dir
+    )
+
+
+def _settings(ctx: typer.Context, **extra: Any) -> Settings:
+    globals_: Globals = ctx.obj
+    return globals_.settings(**extra)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (stable keys)")]
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+
+
+def _open(settings: Settings, **kw: Any) -> Any:
+    from onward.engine import Engine
+
+    kw.setdefault("start_queue", False)
+    kw.setdefault("pool_size", 4)
+    return Engine.open(settings, **kw)
+
+
+def _parse_payload(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    source = "--payload"
+    if text.startswith("@"):
+        path = text[1:]
+        source = path
+        try:
+            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageProblem(f"--payload: cannot read {path}: {exc.strerror}") from None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageProblem(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageProblem(f"{source}: the payload must be a JSON object")
+    return value
+
+
+def _parse_lanes(text: str | None) -> dict[str, int] | None:
+    """``fast=64,io=16`` -> {"fast": 64, "io": 16}: the lanes this worker serves."""
+    if not text:
+        return None
+    from onward.kinds import LANES
+
+    lanes: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, raw = part.strip().partition("=")
+        if name not in LANES:
+            raise UsageProblem(f"--lanes: unknown lane {name!r} (choose from {', '.join(LANES)})")
+        if not raw.isdigit() or int(raw) < 1:
+            raise UsageProblem(f"--lanes: {name}={raw!r}: the capacity must be a whole number >= 1")
+        lanes[name] = int(raw)
+    return lanes
+
+
+# -- migrate ---------------------------------------------------------------------------------
+
+
+@app.command()
+def migrate(
+    ctx: typer.Context,
+    status: Annotated[
+        bool, typer.Option("--status", help="list migrations; apply nothing")
+    ] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="exit 1 if any is pending or was changed")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Apply pending database migrations (or list them, or verify them)."""
+    from onward.db import migrate as migrations
+    from onward.db import resolve_url
+
+    url = resolve_url(_settings(ctx))
+    if not status and not verify:
+        done = migrations.apply(url)
+        if as_json:
+            _print_json({"applied": [{"version": m.version, "name": m.name} for m in done]})
+        elif done:
+            for m in done:
+                typer.echo(f"applied {m.version:04d}_{m.name}")
+        else:
+            typer.echo("nothing to apply: the database is up to date")
+        return
+    rows = migrations.status(url)
+    problems = migrations.verify(url) if verify else []
+    if as_json:
+        out: dict[str, Any] = {"migrations": rows}
+        if verify:
+            out.update(ok=not problems, problems=problems)
+        _print_json(out if verify else rows)
+    else:
+        if status:
+            for row in rows:
+                state = "applied" if row["applied"] else "pending"
+                check = "" if row["checksum_ok"] else "  CHANGED AFTER IT WAS APPLIED"
+                typer.echo(f"{row['version']:04d}_{row['name']:<30} {state}{check}")
+        for problem in problems:
+            typer.echo(f"onward: {problem}", err=True)
+        if verify and not problems:
+            typer.echo(f"ok: {len(rows)} migration(s) applied, none changed")
+    if problems:
+        raise typer.Exit(1)
+
+
+# -- automations and runs --------------------------------------------------------------------
+
+
+@app.command()
+def publish(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="an automation document (YAML or JSON)")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Publish an automation document as a new immutable version ("unchanged" if identical)."""
+    from onward.automations.document import load_file
+
+    document = load_file(file)
+
+    async def go() -> Any:
+        async with _open(_settings(ctx)) as engine:
+            return await engine.publish(document)
+
+    published = _run(go())
+    if as_json:
+        _print_json(
+            {
+                "automation_id": published.automation_id,
+                "version": published.version,
+                "digest": published.digest,
+                "created": published.created,
+            }
+        )
+    elif published.created:
+        typer.echo(f"published {published.automation_id} version {published.version}")
+    else:
+        typer.echo(f"{published.automation_id} version {published.version} unchanged")
+
+
+@app.command()
+def start(
+    ctx: typer.Context,
+    automation: Annotated[str, typer.Argument(help="the automation id")],
+    payload: Annotated[
+        str | None,
+        typer.Option("--payload", "-p", help="the run's input: JSON, @file, or @- for stdin"),
+    ] = None,
+    event_id: Annotated[
+        str | None, typer.Option("--event-id", help="the provider's event id (start key)")
+    ] = None,
+    key: Annotated[str | None, typer.Option("--key", help="your own start key")] = None,
+    version: Annotated[int | None, typer.Option("--version", min=1)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a run. A second start with the same key is a duplicate: the same run, not an error.
+
+    Start key: --key, else --event-id, else a hash of the payload (weaker: identical payloads
+    collapse into one run)."""
+    from onward.api.models import StartAnswer
+    from onward.start import start_key_for
+
+    data = _parse_payload(payload)
+
+    async def go() -> Any:
+        async with _open(_settings(ctx)) as engine:
+            return await engine.start(automation, data, event_id=event_id, key=key, version=version)
+
+    started = _run(go())
+    kind = start_key_for(automation, data, event_id, key)[1]
+    if as_json:
+        answer = StartAnswer(
+            run_id=started.run_id,
+            created=started.created,
+            duplicate=not started.created,
+            start_key=started.start_key,
+            start_key_kind=kind,
+        )
+        _print_json(answer.model_dump(mode="json"))
+    elif started.created:
+        typer.echo(f"started {started.run_id}  (start key {started.start_key} [{kind}])")
+    else:
+        typer.echo(f"duplicate: {started.run_id} was already started by {started.start_key}")
+
+
+@app.command()
+def runs(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option("--status", help="e.g. active, completed")] = None,
+    automation: Annotated[str | None, typer.Option("--automation", help="automation id")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List runs, newest first."""
+    from onward.api.models import RunSummary
+
+    async def go() -> Any:
+        async with _open(_settings(ctx)) as engine:
+            return await engine.runs(status=status, automation_id=automation, limit=limit)
+
+    rows = [RunSummary.model_validate(r) for r in _run(go())]
+    if as_json:
+        _print_json([r.model_dump(mode="json") for r in rows])
+        return
+    if not rows:
+        typer.echo("no runs")
+        return
+    typer.echo(f"{'RUN':<30} {'AUTOMATION':<24} {'V':>3} {'STATUS':<10} {'STEPS':>5}  CREATED")
+    for r in rows:
+        reason = f"  ({r.status_reason})" if r.status_reason else ""
+        typer.echo(
+            f"{r.run_id:<30} {r.automation_id:<24} {r.version:>3} {r.status:<10} "
+            f"{r.steps_executed:>5}  {r.created_at.isoformat(timespec='seconds')}{reason}"
+        )
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="a run id")],
+    as_json: JsonOpt = False,
+) -> None:
+    """One run on one screen: every transition in order (R17)."""
+    from onward.api.models import RunView
+    from onward.history import render_timeline
+
+    async def go() -> Any:
+        async with _open(_settings(ctx)) as engine:
+            return await engine.show(run_id)
+
+    view = _run(go())
+    if as_json:
+        _print_json(RunView.model_validate(view).model_dump(mode="json"))
+    else:
+        typer.echo(render_timeline(view))
+
+
+# -- long-running processes ------------------------------------------------------------------
+
+
+def _on_signals(stop: asyncio.Event, on_second: Callable[[], None]) -> None:
+    """SIGINT/SIGTERM: the first sets ``stop`` (graceful); a second one hurries."""
+    loop = asyncio.get_running_loop()
+    seen = 0
+
+    def handler(sig: signal.Signals) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == 1:
+            log.info("%s: shutting down gracefully (again to hurry)", sig.name)
+            stop.set()
+        else:
+            log.warning("%s again: not waiting for the grace period", sig.name)
+            on_second()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handler, sig)
+
+
+async def _serve(
+    settings: Settings,
+    *,
+    api_at: tuple[str, int] | None,
+    services: bool,
+    lanes: dict[str, int] | None = None,
+    relay: bool = True,
+    sweeper: bool = True,
+) -> None:
+    """Run the API and/or the background services until a signal, then stop in order:
+    first the API (no new starts), then the services (workers drain within the grace)."""
+    from onward.api import ApiServer, create_app
+
+    async with _open(settings, start_queue=services, pool_size=20) as engine:
+        stop = asyncio.Event()
+        api: ApiServer | None = None
+        svc = None
+        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+        if api_at is not None:
+            api = ApiServer(
+                create_app(engine),
+                host=api_at[0],
+                port=api_at[1],
+                graceful_seconds=settings.shutdown_grace_seconds,
+            )
+            await api.start()
+            waiters.append(asyncio.ensure_future(api.wait_closed()))
+            log.info("API on %s (OpenAPI at %s/docs)", api.url, api.url)
+        if services:
+            svc = engine.services(lanes=lanes, relay=relay, sweeper=sweeper)
+            waiters.append(asyncio.ensure_future(engine.run_services(svc)))
+            parts = [
+                p for p, on in (("worker", True), ("relay", relay), ("sweeper", sweeper)) if on
+            ]
+            log.info("%s running (%s) as %s", ", ".join(parts), settings.queue, engine.id)
+
+        def hurry() -> None:
+            if api is not None:
+                api.server.force_exit = True
+            for w in waiters:
+                w.cancel()
+
+        _on_signals(stop, hurry)
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.set()
+            if api is not None:
+                await api.stop()
+            if svc is not None:
+                svc.stop.set()
+            results = await asyncio.gather(*waiters, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                raise result
+        log.info("stopped")
+
+
+HostOpt = Annotated[str, typer.Option("--host", help="address to listen on")]
+PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="0: any free port")]
+LanesOpt = Annotated[
+    str | None,
+    typer.Option("--lanes", help="lanes served and their capacity, e.g. fast=64,io=16"),
+]
+
+
+@app.command()
+def up(
+    ctx: typer.Context,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8080,
+    lanes: LanesOpt = None,
+) -> None:
+    """Everything in one process: API + worker + relay + sweeper, until SIGINT/SIGTERM."""
+    _run(_serve(_settings(ctx), api_at=(host, port), services=True, lanes=_parse_lanes(lanes)))
+
+
+@app.command()
+def worker(
+    ctx: typer.Context,
+    lanes: LanesOpt = None,
+    relay: Annotated[bool, typer.Option("--relay/--no-relay", help="publish the outbox")] = True,
+    sweeper: Annotated[
+        bool, typer.Option("--sweeper/--no-sweeper", help="stand for the sweeper election")
+    ] = True,
+) -> None:
+    """Worker + relay + sweeper, without the API, until SIGINT/SIGTERM (graceful).
+
+    On SIGTERM the worker stops claiming, lets running steps finish within the grace period
+    and releases the rest. The relay and sweeper run here too unless turned off: any number
+    of processes may run them (the relay shares rows with SKIP LOCKED, one sweeper is
+    elected)."""
+    _run(
+        _serve(
+            _settings(ctx),
+            api_at=None,
+            services=True,
+            lanes=_parse_lanes(lanes),
+            relay=relay,
+            sweeper=sweeper,
+        )
+    )
+
+
+@app.command()
+def api(ctx: typer.Context, host: HostOpt = "127.0.0.1", port: PortOpt = 8080) -> None:
+    """The HTTP API only (webhooks, publish, runs), until SIGINT/SIGTERM."""
+    _run(_serve(_settings(ctx), api_at=(host, port), services=False))
+
+
+@app.command()
+def demo(ctx: typer.Context) -> None:
+    """Publish an example automation, deliver its webhook twice, run it, show its timeline.
+
+    Needs nothing installed: without a database URL it starts the embedded PostgreSQL."""
+    from onward.demo import run_demo
+
+    result = _run(run_demo(_settings(ctx), out=typer.echo))
+    if result.status != "completed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def sandbox(ctx: typer.Context, host: HostOpt = "127.0.0.1", port: PortOpt = 8099) -> None:
+    """Serve the fake providers (email, CRM, model, payment, Slack) with fault knobs."""
+    from onward.sandbox import serve
+
+    serve(host, port)
+
+
+@app.command("stop-embedded")
+def stop_embedded(ctx: typer.Context) -> None:
+    """Stop the embedded PostgreSQL of --data-dir (it outlives the processes that use it)."""
+    from onward.db.embedded import stop_server
+
+    data_dir = _settings(ctx).data_dir
+    if stop_server(data_dir):
+        typer.echo(f"stopped the embedded PostgreSQL in {data_dir}")
+    else:
+        typer.echo(f"no embedded PostgreSQL runs in {data_dir}")
+
+
+# -- operations ------------------------------------------------------------------------------
+# `onward doctor` (the R16 invariants) and `onward bench` are added here by the lead.
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+
+def _fail(lines: Sequence[str], code: int) -> NoReturn:
+    for line in lines:
+        print(f"onward: {line}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The ``onward`` console script."""
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="onward")
+    except InvalidAutomation as exc:
+        _fail([f"invalid automation: {p}" for p in exc.problems], 2)
+    except (OnwardError, UsageProblem) as exc:
+        _fail([_first_line(exc)], 2)
+    except psycopg.OperationalError as exc:
+        _fail([f"database: {_first_line(exc)}"], 1)
+    except KeyboardInterrupt:
+        _fail(["interrupted"], 130)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        main()
