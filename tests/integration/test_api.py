@@ -143,6 +143,17 @@ async def test_payload_over_the_limit_is_413_and_nothing_is_stored(
             # far over: refused from Content-Length before the body is read
             huge = await client.post("/v1/hooks/greet", json={"name": "x" * 2_000_000})
             assert huge.status_code == 413
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as read
+                yield b'{"name": "'
+                for _ in range(40):
+                    yield b"x" * 65536
+                yield b'"}'
+
+            chunked = await client.post(
+                "/v1/hooks/greet", content=chunks(), headers={"content-type": "application/json"}
+            )
+            assert chunked.status_code == 413 and chunked.json()["error"] == "payload_too_large"
             explicit = await client.post(
                 "/v1/runs", json={"automation_id": "greet", "input": {"name": "x" * 3000}}
             )
