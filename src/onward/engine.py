@@ -23,9 +23,9 @@ from onward.automations.document import AutomationDoc
 from onward.automations.versions import Published, VersionCache, publish
 from onward.config import Settings
 from onward.connections import Integrations
-from onward.effects import Effects
 from onward.db import Pool, make_pool, resolve_url
 from onward.db.migrate import apply as apply_migrations
+from onward.effects import Effects
 from onward.errors import UnknownRun
 from onward.history import list_runs, run_view
 from onward.kinds import Registry

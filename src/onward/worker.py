@@ -480,7 +480,15 @@ class Worker:
             self._stopping = True
             for t in (*lane_loops, consumer, firer):
                 t.cancel()
-            await asyncio.gather(*lane_loops, consumer, firer, return_exceptions=True)
+            # A queue client may swallow one cancellation inside its own reconnect logic;
+            # shutdown must not hang on it, so the wait is bounded and repeated.
+            pending = {*lane_loops, consumer, firer}
+            for _ in range(5):
+                _done, pending = await asyncio.wait(pending, timeout=1.0)
+                if not pending:
+                    break
+                for t in pending:
+                    t.cancel()
             await self._drain(self.settings.shutdown_grace_seconds)
             hb_stop.set()
             heart.cancel()

@@ -12,7 +12,7 @@ the worker (+ relay, + sweeper when asked) until SIGTERM or SIGINT, then shuts d
 exits 0. SIGKILL is, of course, not handled: that is the point of killing with it.
 
 ``test.sleep`` sleeps ``with.seconds`` (else ``input.seconds``, else 0) and answers what it
-did. ``with.retry_seconds``, when given, replaces the sleep on attempts after the first, so a
+did (including the process's ``time.time()``). ``with.retry_seconds``, when given, replaces the sleep on attempts after the first, so a
 step that blocked its first worker for a minute finishes quickly once another worker takes it.
 
 Tests import ``spawn_worker`` / ``register_kinds`` from here; the in-test workers must know the
@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -51,7 +52,8 @@ async def _sleep(step: StepContext) -> dict[str, Any]:
     if step.attempt > 1 and "retry_seconds" in params:
         seconds = float(params["retry_seconds"])
     await asyncio.sleep(seconds)
-    return {"slept": seconds, "attempt": step.attempt, "worker": step.worker}
+    # the process's own wall clock, so a test can see a skewed clock really was skewed
+    return {"slept": seconds, "attempt": step.attempt, "worker": step.worker, "clock": time.time()}
 
 
 def register_kinds(into: Registry | None = None) -> None:

@@ -14,6 +14,7 @@ Every time compared here is a database time (history ``at`` and ``lease_until``)
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -105,6 +106,7 @@ async def test_sigterm_releases_a_long_step_and_another_worker_claims_it_at_once
 
     # another worker (this process; no sweeper, so only the release can have freed the step)
     async with engine.running(sweeper=False):
+
         async def second_claim() -> Any:
             rows = [e for e in events(sql, run_id, "step_claimed") if e["attempt"] == 2]
             return rows[0] if rows else None
@@ -193,8 +195,5 @@ async def test_sigkill_mid_step_is_reclaimed_only_after_the_lease_lapses(
     assert len(events(sql, run_id, "run_completed")) == 1
 
 
-def step_lease_until(expired: dict[str, Any]) -> Any:
-    from datetime import datetime
-
-    raw = expired["detail"]["lease_until"]
-    return datetime.fromisoformat(raw)
+def step_lease_until(expired: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(expired["detail"]["lease_until"])

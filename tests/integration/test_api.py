@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import psycopg
@@ -20,21 +21,29 @@ from onward.api import ApiServer, create_app
 from onward.config import Settings
 from onward.engine import Engine
 
+Sql = psycopg.Connection[dict[str, Any]]
+
 GREET = {
     "id": "greet",
-    "steps": [{"id": "hello", "kind": "set", "with": {"values": {"greeting": "'hi ' + input.name"}}}],
+    "steps": [
+        {"id": "hello", "kind": "set", "with": {"values": {"greeting": "'hi ' + input.name"}}}
+    ],
 }
 INVALID = {
     "id": "broken",
     "steps": [
         {"id": "a", "kind": "no_such_kind", "next": "b"},
-        {"id": "b", "kind": "branch", "with": {"cases": [{"when": "vars.x ==", "next": "nowhere"}]}},
+        {
+            "id": "b",
+            "kind": "branch",
+            "with": {"cases": [{"when": "vars.x ==", "next": "nowhere"}]},
+        },
         {"id": "c", "kind": "set", "with": {"values": {"x": "1"}}},
     ],
 }
 
 
-def count(sql: psycopg.Connection, query: str) -> int:
+def count(sql: Sql, query: str) -> int:
     row = sql.execute(query).fetchone()
     assert row is not None
     return int(row["n"])
@@ -54,12 +63,14 @@ async def publish(client: httpx.AsyncClient, document: dict = GREET) -> httpx.Re
 
 
 async def test_fifty_concurrent_deliveries_of_one_event_make_one_run(
-    client: httpx.AsyncClient, sql: psycopg.Connection
+    client: httpx.AsyncClient, sql: Sql
 ) -> None:
     await publish(client)
     replies = await asyncio.gather(
         *(
-            client.post("/v1/hooks/greet", json={"name": "Maya"}, headers={"X-Event-Id": "evt_7Hq2"})
+            client.post(
+                "/v1/hooks/greet", json={"name": "Maya"}, headers={"X-Event-Id": "evt_7Hq2"}
+            )
             for _ in range(50)
         )
     )
@@ -77,7 +88,7 @@ async def test_fifty_concurrent_deliveries_of_one_event_make_one_run(
 
 
 async def test_without_an_event_id_the_payload_hash_is_the_start_key(
-    client: httpx.AsyncClient, sql: psycopg.Connection
+    client: httpx.AsyncClient, sql: Sql
 ) -> None:
     await publish(client)
     first = await client.post("/v1/hooks/greet", json={"name": "Maya", "n": 1})
@@ -129,7 +140,7 @@ async def test_webhook_refuses_what_it_cannot_start(client: httpx.AsyncClient) -
 
 
 async def test_payload_over_the_limit_is_413_and_nothing_is_stored(
-    settings: Settings, sql: psycopg.Connection
+    settings: Settings, sql: Sql
 ) -> None:
     small = dataclasses.replace(settings, max_payload_bytes=2000)
     async with Engine.open(small, migrate=False) as engine:
@@ -164,7 +175,7 @@ async def test_payload_over_the_limit_is_413_and_nothing_is_stored(
 
 
 async def test_invalid_automation_is_422_with_every_problem_and_nothing_stored(
-    client: httpx.AsyncClient, sql: psycopg.Connection
+    client: httpx.AsyncClient, sql: Sql
 ) -> None:
     await publish(client)
     before = count(sql, "SELECT count(*) AS n FROM automation_versions")

@@ -119,10 +119,7 @@ async def test_a_run_finishes_on_the_version_it_started_on(
         assert await engine.wait(old.run_id, timeout=20) == "completed"
         assert await engine.wait(new.run_id, timeout=20) == "completed"
 
-    runs = {
-        r["run_id"]: r
-        for r in sql.execute("SELECT run_id, version, ctx FROM runs").fetchall()
-    }
+    runs = {r["run_id"]: r for r in sql.execute("SELECT run_id, version, ctx FROM runs").fetchall()}
     assert runs[old.run_id]["version"] == 1
     assert runs[new.run_id]["version"] == 2
     assert runs[old.run_id]["ctx"]["vars"] == {"greeting": "hi Maya", "farewell": "bye v1"}

@@ -48,12 +48,11 @@ class Collector:
         self.reconnected.set()
 
     async def until(self, job_id: str) -> Wake:
-        """Wait until the wake with this job id arrives."""
+        """Wait until the wake with this job id has arrived (or had arrived already)."""
         async with asyncio.timeout(WAIT_S):
-            while True:
-                wake = await self.arrived.get()
-                if wake.job_id == job_id:
-                    return wake
+            while job_id not in self.ids():
+                await self.arrived.get()
+        return next(w for w in self.wakes if w.job_id == job_id)
 
     def ids(self) -> list[str]:
         return [w.job_id for w in self.wakes]

@@ -179,6 +179,22 @@ def test_wait_for_with_a_bad_duration() -> None:
     )
 
 
+@pytest.mark.parametrize("value", [".inf", ".nan", "-.inf", "-5"])
+def test_wait_for_with_a_non_finite_or_negative_duration(value: str) -> None:
+    # YAML numbers that are not durations: published, they would be stored as null (JSON has
+    # no Infinity/NaN) and the step could never run
+    data = parse_text(f"id: flow\nsteps: [{{id: a, kind: wait_for, with: {{duration: {value}}}}}]")
+    one_problem(data, "step a", "duration")
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan"])
+def test_budget_with_a_non_finite_max_age(value: str) -> None:
+    data = parse_text(
+        f"id: flow\nbudget: {{max_age: {value}}}\nsteps: [{{id: a, kind: set, with: {{values: {{x: '1'}}}}}}]"
+    )
+    one_problem(data, "max_age")
+
+
 def test_unknown_parameter_of_a_kind() -> None:
     one_problem(
         doc({"id": "a", "kind": "wait_for", "with": {"duration": "1s", "until": "09:00"}}),
@@ -212,7 +228,9 @@ def test_bad_step_id() -> None:
 
 def test_bad_budget() -> None:
     problems = problems_of(
-        doc({"id": "a", "kind": "set", "with": SET_X}, budget={"max_steps": 0, "max_age": "a while"})
+        doc(
+            {"id": "a", "kind": "set", "with": SET_X}, budget={"max_steps": 0, "max_age": "a while"}
+        )
     )
     assert any("max_steps" in p for p in problems), problems
     assert any("max_age" in p and "a while" in p for p in problems), problems
@@ -239,7 +257,9 @@ def test_invalid_yaml_names_the_source_and_the_position() -> None:
 
 
 def test_json_text_is_accepted() -> None:
-    data = parse_text('{"id": "flow", "steps": [{"id": "a", "kind": "set", "with": {"values": {"x": "1"}}}]}')
+    data = parse_text(
+        '{"id": "flow", "steps": [{"id": "a", "kind": "set", "with": {"values": {"x": "1"}}}]}'
+    )
     assert validate(data, default_registry).steps[0].id == "a"
 
 

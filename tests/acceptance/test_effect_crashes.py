@@ -1,0 +1,358 @@
+"""A real worker process dies at the worst lines of an outside effect (R4), and another process
+finishes the run without repeating the effect where it can be prevented.
+
+The provider is the sandbox over real HTTP (its own process, so killing a worker cannot take it
+down); its ledger is the record of the work it really did. The worker is
+``effect_worker.py`` with ``ONWARD_CRASH_AT`` in its environment (SIGKILL at that line), or killed
+by the test with SIGKILL while the provider call is open:
+
+* before the call (``effect.after_claim``): effect row in_flight, the provider never called;
+* during the call, before the provider acted (sandbox latency; killed once the effect's own
+  heartbeat proves the request is out), and during the call after the provider acted
+  (``hang_after_work``; killed once the ledger shows the work);
+* after the call, before the settle (``effect.after_call``).
+
+For the email provider (idempotency key + search by metadata) the second process reconciles or
+repeats the same key: the ledger holds EXACTLY ONE message for the effect key every time. For
+the payment provider (neither) an unknown outcome parks the step for a person ('review') with
+what is known, and the ledger holds at most one charge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+import pytest
+
+from onward import Automation
+from onward.engine import Engine
+from onward.sandbox import SandboxAdmin, SandboxServer
+from onward.testing import eventually
+
+pytestmark = pytest.mark.acceptance
+
+SCRIPT = Path(__file__).resolve().with_name("effect_worker.py")
+ORG = "test"  # the `settings` fixture's organisation: the test's engine starts runs there
+MAYA = "maya@example.test"
+
+
+# -- worker processes ---------------------------------------------------------------------------
+@dataclass
+class EffectWorker:
+    """One ``effect_worker.py`` process. ``close()`` always reaps it (SIGKILL by its own pid)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    _log: IO[bytes] = field(repr=False)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+Spawn = Callable[..., EffectWorker]
+
+
+@pytest.fixture
+def spawn(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Spawn]:
+    started: list[EffectWorker] = []
+
+    def _spawn(name: str, *, crash_at: str | None = None, sweeper: bool = True) -> EffectWorker:
+        argv = [sys.executable, str(SCRIPT), "--database-url", db_url, "--worker-id", name]
+        if not sweeper:
+            argv.append("--no-sweeper")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("ONWARD_CRASH_AT", None)
+        if crash_at:
+            env["ONWARD_CRASH_AT"] = crash_at
+        log_path = tmp_path / f"effect-worker-{name}.log"
+        log = log_path.open("wb")
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=str(SCRIPT.parents[2]),
+        )
+        worker = EffectWorker(name, proc, log_path, log)
+        started.append(worker)
+        return worker
+
+    yield _spawn
+    report = getattr(request.node, "rep_call", None)
+    for worker in started:
+        worker.close()
+        if report is not None and report.failed:
+            print(f"--- log of {worker.name} (pid {worker.proc.pid}) ---")
+            print(worker.log_path.read_text(errors="replace"))
+
+
+async def exited(worker: EffectWorker, timeout: float = 20.0) -> int:
+    async def gone() -> bool:
+        return not worker.alive()
+
+    await eventually(gone, timeout=timeout, what=f"{worker.name} to exit")
+    return worker.proc.returncode
+
+
+# -- the provider ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[SandboxServer]:
+    with SandboxServer() as server:
+        yield server
+
+
+@pytest.fixture
+def admin(sandbox: SandboxServer) -> SandboxAdmin:
+    sandbox.admin.reset()
+    return sandbox.admin
+
+
+# -- rows --------------------------------------------------------------------------------------
+def effect_row(sql: psycopg.Connection, key: str) -> dict[str, Any] | None:
+    row = sql.execute(
+        "SELECT status, owner_token, attempts, result, last_error, lease_until,"
+        " first_attempt_at FROM effects WHERE org_id = %s AND effect_key = %s",
+        (ORG, key),
+    ).fetchone()
+    return dict(row) if row else None
+
+
+def step_row(sql: psycopg.Connection, run_id: str, seq: int) -> dict[str, Any]:
+    row = sql.execute(
+        "SELECT step_id, status, attempt, owner, wait_kind, output, error FROM steps"
+        " WHERE org_id = %s AND run_id = %s AND seq = %s",
+        (ORG, run_id, seq),
+    ).fetchone()
+    assert row is not None, f"no step {run_id}#{seq}"
+    return dict(row)
+
+
+def run_row(sql: psycopg.Connection, run_id: str) -> dict[str, Any]:
+    row = sql.execute(
+        "SELECT status, status_reason FROM runs WHERE org_id = %s AND run_id = %s", (ORG, run_id)
+    ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def events(sql: psycopg.Connection, run_id: str, *names: str) -> list[dict[str, Any]]:
+    rows = sql.execute(
+        "SELECT event, seq, attempt, worker, detail FROM history"
+        " WHERE org_id = %s AND run_id = %s AND event = ANY(%s::text[]) ORDER BY event_id",
+        (ORG, run_id, list(names)),
+    ).fetchall()
+    return [dict(r) for r in rows]
+
+
+async def start_one(
+    engine: Engine, sandbox: SandboxServer, provider: str, event_id: str
+) -> tuple[str, str]:
+    """Connect the provider, publish a one-effect automation, start a run; (run_id, key)."""
+    connection = {"email": "mailbox", "payment": "billing"}[provider]
+    await engine.integrations.add_connection(
+        ORG, connection, provider=provider, base_url=sandbox.url, account="acct_1", secret="acct_1"
+    )
+    if provider == "email":
+        flow = Automation("send-once").step(
+            "send",
+            "email.send",
+            connection="mailbox",
+            to=MAYA,
+            subject="Your follow-up",
+            body="Hi {input.name}",
+        )
+    else:
+        flow = Automation("charge-once").step(
+            "send", "payment.charge", connection="billing", amount=4200, customer="cus_maya"
+        )
+    flow = flow.step("after", "set", values={"done": "true"})
+    published = await engine.publish(flow.build())
+    started = await engine.start(published.automation_id, {"name": "Maya"}, event_id=event_id)
+    return started.run_id, f"{started.run_id}/send/1"
+
+
+async def kill_on(
+    worker: EffectWorker, check: Callable[[], bool], what: str, timeout: float = 20.0
+) -> None:
+    """SIGKILL ``worker`` as soon as ``check()`` holds (polled, the worker must stay alive)."""
+
+    async def ready() -> bool:
+        assert worker.alive(), f"{worker.name} exited early:\n{worker.log_text()}"
+        return check()
+
+    await eventually(ready, timeout=timeout, interval=0.02, what=what)
+    worker.kill()
+
+
+# -- email: exactly one message, whatever line the worker died on ---------------------------
+EMAIL_CASES = {
+    # name: (crash point armed in proc-a, effect attempts once the run completes)
+    "before_call": ("effect.after_claim", 2),  # nothing to find: a new attempt, same key
+    # the request is at the provider, which has not acted yet: 1 if it still acts after the
+    # caller died (reconciled), 2 if it drops a departed caller's request (the sandbox does)
+    "during_call_before_work": (None, None),
+    "during_call_after_work": (None, 1),  # the provider acted; the answer never came
+    "after_call": ("effect.after_call", 1),  # the answer came; the settle never happened
+}
+
+
+@pytest.mark.parametrize("case", list(EMAIL_CASES))
+async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
+    case: str,
+    engine: Engine,
+    sql: psycopg.Connection,
+    admin: SandboxAdmin,
+    sandbox: SandboxServer,
+    spawn: Spawn,
+) -> None:
+    crash_at, attempts = EMAIL_CASES[case]
+    if case == "during_call_before_work":
+        # longer than the effect heartbeat interval (lease 2 s / 3), shorter than the lease
+        admin.faults("email", latency_ms=1500)
+    elif case == "during_call_after_work":
+        admin.faults("email", script=["hang_after_work"], hang_s=30)
+    run_id, key = await start_one(engine, sandbox, "email", f"evt-{case}")
+
+    a = spawn("proc-a", crash_at=crash_at, sweeper=False)
+    if crash_at is not None:
+        assert await exited(a) == -signal.SIGKILL, a.log_text()
+        assert f"crash point {crash_at} reached" in a.log_text()
+    elif case == "during_call_before_work":
+        # the effect's own heartbeat has extended its lease: the call has been open for a
+        # third of the lease, so the request is at the provider (inside its latency)
+        def call_open() -> bool:
+            row = sql.execute(
+                "SELECT 1 FROM effects WHERE org_id = %s AND effect_key = %s"
+                " AND status = 'in_flight'"
+                " AND lease_until > first_attempt_at + interval '2.3 seconds'",
+                (ORG, key),
+            ).fetchone()
+            return row is not None
+
+        await kill_on(a, call_open, "the effect call to be open")
+        assert await exited(a) == -signal.SIGKILL
+        assert admin.ledger("email") == [], "killed too late: the provider had already acted"
+        admin.faults("email")  # back to no latency for everything after the kill
+    else:
+        await kill_on(a, lambda: len(admin.ledger("email")) == 1, "the provider to act")
+        assert await exited(a) == -signal.SIGKILL
+
+    # the worst line: from the database, "never called" and "done, not recorded" look the same
+    left = effect_row(sql, key)
+    assert left is not None
+    assert (left["status"], left["attempts"], left["result"]) == ("in_flight", 1, None), left
+    step = step_row(sql, run_id, 1)
+    assert (step["status"], step["attempt"], step["owner"]) == ("running", 1, "proc-a"), step
+    if case == "before_call":
+        assert admin.ledger("email") == []
+    elif case != "during_call_before_work":
+        assert len(admin.ledger("email")) == 1
+
+    b = spawn("proc-b")
+    assert await engine.wait(run_id, timeout=40) == "completed", b.log_text()
+
+    [entry] = admin.ledger("email")
+    assert entry["idempotency_key"] == key
+    assert entry["metadata"]["effect_key"] == key
+    assert entry["request"]["to"] == MAYA
+    done = effect_row(sql, key)
+    assert done is not None
+    assert done["status"] == "settled"
+    assert attempts is None or done["attempts"] == attempts, done
+    assert done["result"]["id"] == entry["response_id"]
+    send = step_row(sql, run_id, 1)
+    assert (send["status"], send["attempt"]) == ("done", 2), send
+    assert send["output"]["message_id"] == entry["response_id"]
+    claims = [(e["attempt"], e["worker"]) for e in events(sql, run_id, "step_claimed") if e["seq"] == 1]
+    assert claims == [(1, "proc-a"), (2, "proc-b")]
+    assert len(events(sql, run_id, "lease_expired")) == 1
+    assert [e["worker"] for e in events(sql, run_id, "step_done") if e["seq"] == 1] == ["proc-b"]
+
+    b.terminate()
+    assert await exited(b) == 0, b.log_text()
+    assert len(admin.ledger("email")) == 1  # nothing was still on its way
+
+
+# -- payment: no idempotency, no search -> a person decides -----------------------------------
+@pytest.mark.parametrize(
+    ("crash_at", "charges"), [("effect.after_claim", 0), ("effect.after_call", 1)]
+)
+async def test_payment_with_unknown_outcome_parks_for_review_and_never_charges_twice(
+    crash_at: str,
+    charges: int,
+    engine: Engine,
+    sql: psycopg.Connection,
+    admin: SandboxAdmin,
+    sandbox: SandboxServer,
+    spawn: Spawn,
+) -> None:
+    run_id, key = await start_one(engine, sandbox, "payment", f"evt-{crash_at}")
+
+    a = spawn("proc-a", crash_at=crash_at, sweeper=False)
+    assert await exited(a) == -signal.SIGKILL, a.log_text()
+    assert len(admin.ledger("payment")) == charges
+    left = effect_row(sql, key)
+    assert left is not None and (left["status"], left["attempts"]) == ("in_flight", 1), left
+
+    t0 = time.monotonic()
+    b = spawn("proc-b")
+    assert await engine.wait(run_id, timeout=40) == "parked", b.log_text()
+    assert time.monotonic() - t0 < 30
+
+    run = run_row(sql, run_id)
+    assert run["status"] == "parked"
+    assert key in run["status_reason"], run
+    step = step_row(sql, run_id, 1)
+    assert (step["status"], step["wait_kind"], step["attempt"]) == ("parked", "review", 2), step
+    assert step["error"]["type"] == "NeedsReview"
+    known = step["error"]["detail"]
+    assert known["effect_key"] == key
+    assert known["provider"] == "payment"
+    assert known["attempts"] == 1
+    assert known["first_attempt_at"] not in (None, "None")
+    effect = effect_row(sql, key)
+    assert effect is not None
+    assert (effect["status"], effect["attempts"], effect["result"]) == ("review", 1, None)
+    assert effect["lease_until"] is None
+    (parked,) = events(sql, run_id, "step_parked")
+    assert (parked["attempt"], parked["worker"]) == (2, "proc-b")
+    assert parked["detail"]["detail"]["effect_key"] == key
+    (run_parked,) = events(sql, run_id, "run_parked")
+    assert key in run_parked["detail"]["reason"]
+    assert events(sql, run_id, "step_done", "run_completed") == []
+    assert step_row(sql, run_id, 1)["status"] == "parked"
+
+    b.terminate()
+    assert await exited(b) == 0, b.log_text()
+    entries = admin.ledger("payment")
+    assert len(entries) == charges  # at most one charge, ever
+    assert all(e["idempotency_key"] == key for e in entries)

@@ -1,0 +1,305 @@
+"""The ``onward`` command (B3), run as a real subprocess against the per-test database."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from onward.testing import eventually_sync
+
+GREET_YAML = """\
+id: greet
+steps:
+  - id: hello
+    kind: set
+    with: {values: {greeting: "'hi ' + input.name"}}
+"""
+INVALID_YAML = """\
+id: broken
+steps:
+  - id: a
+    kind: no_such_kind
+    next: nowhere
+  - id: b
+    kind: set
+    with: {values: {x: "vars.x +"}}
+"""
+
+
+def onward(
+    db_url: str, *args: str, timeout: float = 60, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onward.cli", "--database-url", db_url, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "ONWARD_LOG_LEVEL": "warning"},
+        **kw,  # type: ignore[call-overload]
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture
+def greet_file(tmp_path: Path) -> Path:
+    path = tmp_path / "greet.yaml"
+    path.write_text(GREET_YAML)
+    return path
+
+
+def test_migrate_status_json_and_verify(db_url: str) -> None:
+    rows = json.loads(ok(onward(db_url, "migrate", "--status", "--json")))
+    assert rows and rows[0]["version"] == 1 and rows[0]["name"] == "core"
+    assert all(r["applied"] and r["checksum_ok"] for r in rows)
+    assert set(rows[0]) == {"version", "name", "applied", "checksum_ok"}
+    assert "nothing to apply" in ok(onward(db_url, "migrate"))
+    assert "ok:" in ok(onward(db_url, "migrate", "--verify"))
+
+
+def test_migrate_verify_fails_on_an_empty_database(
+    db_url: str, sql: psycopg.Connection[dict[str, Any]]
+) -> None:
+    sql.execute("DROP TABLE onward_migrations")
+    result = onward(db_url, "migrate", "--verify")
+    assert result.returncode == 1
+    assert "migration 0001_core is not applied" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_publish_prints_the_version_then_unchanged(db_url: str, greet_file: Path) -> None:
+    assert ok(onward(db_url, "publish", str(greet_file))).strip() == "published greet version 1"
+    assert ok(onward(db_url, "publish", str(greet_file))).strip() == "greet version 1 unchanged"
+    as_json = json.loads(ok(onward(db_url, "publish", str(greet_file), "--json")))
+    assert as_json["version"] == 1 and as_json["created"] is False
+
+
+def test_publish_invalid_file_exits_2_with_every_problem(
+    db_url: str, tmp_path: Path, sql: psycopg.Connection[dict[str, Any]]
+) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text(INVALID_YAML)
+    result = onward(db_url, "publish", str(bad))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert any("unknown step kind 'no_such_kind'" in line for line in lines)
+    assert any("bad CEL" in line for line in lines)
+    assert any("unknown step 'nowhere'" in line for line in lines)
+    assert all(line.startswith("onward: invalid automation: ") for line in lines), lines
+    assert "Traceback" not in result.stderr
+    missing = onward(db_url, "publish", str(tmp_path / "missing.yaml"))
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+    assert sql.execute("SELECT count(*) AS n FROM automation_versions").fetchone() == {"n": 0}
+
+
+def test_start_twice_is_a_duplicate_then_runs_and_show(db_url: str, greet_file: Path) -> None:
+    ok(onward(db_url, "publish", str(greet_file)))
+    payload = '{"name": "Maya"}'
+    first = ok(onward(db_url, "start", "greet", "--payload", payload, "--event-id", "evt_1"))
+    match = re.search(r"started (run_\w+)", first)
+    assert match, first
+    run_id = match.group(1)
+    second = onward(db_url, "start", "greet", "--payload", payload, "--event-id", "evt_1", "--json")
+    answer = json.loads(ok(second))
+    assert answer == {
+        "run_id": run_id,
+        "created": False,
+        "duplicate": True,
+        "start_key": "greet:evt_1",
+        "start_key_kind": "event",
+    }
+    assert f"duplicate: {run_id}" in ok(
+        onward(db_url, "start", "greet", "-p", payload, "--event-id", "evt_1")
+    )
+
+    listed = json.loads(ok(onward(db_url, "runs", "--json")))
+    assert [r["run_id"] for r in listed] == [run_id]
+    assert set(listed[0]) >= {"run_id", "automation_id", "version", "status", "created_at"}
+    assert re.match(r"\d{4}-\d\d-\d\dT", listed[0]["created_at"])  # ISO datetimes
+    assert json.loads(ok(onward(db_url, "runs", "--json", "--status", "completed"))) == []
+    assert run_id in ok(onward(db_url, "runs", "--automation", "greet"))
+
+    timeline = ok(onward(db_url, "show", run_id))
+    assert timeline.startswith(f"run {run_id}  greet v1")
+    assert "run_started" in timeline and "start_duplicate" in timeline
+    view = json.loads(ok(onward(db_url, "show", run_id, "--json")))
+    assert view["run"]["run_id"] == run_id and view["run"]["input"] == {"name": "Maya"}
+    assert [e["event"] for e in view["history"]][:2] == ["run_started", "step_ready"]
+    assert view["steps"][0]["step_id"] == "hello"
+
+
+def test_payload_from_a_file_and_the_hash_fallback(
+    db_url: str, greet_file: Path, tmp_path: Path
+) -> None:
+    ok(onward(db_url, "publish", str(greet_file)))
+    payload = tmp_path / "maya.json"
+    payload.write_text('{"name": "Maya"}')
+    first = json.loads(ok(onward(db_url, "start", "greet", "--payload", f"@{payload}", "--json")))
+    again = json.loads(ok(onward(db_url, "start", "greet", "--payload", f"@{payload}", "--json")))
+    assert first["start_key_kind"] == "payload_hash" and first["created"]
+    assert again["run_id"] == first["run_id"] and again["duplicate"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["show", "run_nope"], "unknown run 'run_nope'"),
+        (["start", "nope"], "no published automation 'nope'"),
+        (["start", "greet", "--payload", "{bad"], "--payload: not valid JSON"),
+        (["start", "greet", "--payload", "[1]"], "must be a JSON object"),
+        (["--queue", "carrier-pigeon", "runs"], "ONWARD_QUEUE='carrier-pigeon'"),
+        (["worker", "--lanes", "fast=lots"], "--lanes: fast='lots'"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(db_url: str, args: list[str], message: str) -> None:
+    result = onward(db_url, *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert result.stderr.startswith("onward: ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_payload_too_large_exits_2(db_url: str, greet_file: Path) -> None:
+    ok(onward(db_url, "publish", str(greet_file)))
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "onward.cli", "--database-url", db_url),
+            *("start", "greet", "--payload", json.dumps({"name": "x" * 300})),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ONWARD_MAX_PAYLOAD_BYTES": "100"},
+    )
+    assert result.returncode == 2
+    assert "exceeds the limit of 100 bytes" in result.stderr
+
+
+def test_demo_finishes_with_a_completed_run_and_the_duplicate_in_its_timeline(db_url: str) -> None:
+    result = onward(db_url, "demo", timeout=90)
+    out = ok(result)
+    assert re.search(r"delivery 1: .* -> 202 created", out), out
+    assert re.search(r"delivery 2: .* -> 200 duplicate", out), out
+    run_ids = re.findall(r'"run_id": "(run_\w+)"', out)
+    assert len(run_ids) == 2 and run_ids[0] == run_ids[1]
+    assert f"run {run_ids[0]}  demo-welcome v1  status=completed" in out
+    assert "start_duplicate" in out and "timer_fired" in out
+    assert "result: Hello Maya! (followed up 2 times)" in out
+    assert "run_completed" in out
+
+
+class Process:
+    """A long-running ``onward`` command whose stderr is collected by a thread."""
+
+    def __init__(self, db_url: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "onward.cli", "--database-url", db_url, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "ONWARD_LOG_LEVEL": "info", "ONWARD_SHUTDOWN_GRACE_SECONDS": "2"},
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def find(self, pattern: str) -> re.Match[str] | None:
+        for line in list(self.lines):
+            if m := re.search(pattern, line):
+                return m
+        return None
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=30)
+        self.close()
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Process]]:
+    started: list[Process] = []
+    yield started
+    for p in started:
+        p.close()
+
+
+def test_up_serves_webhooks_and_stops_gracefully_on_sigterm(
+    db_url: str, greet_file: Path, processes: list[Process]
+) -> None:
+    ok(onward(db_url, "publish", str(greet_file)))
+    up = Process(db_url, "up", "--port", "0")
+    processes.append(up)
+    found = eventually_sync(
+        lambda: up.proc.poll() is not None or up.find(r"API on (http://\S+)"),
+        timeout=30,
+        what="the API to listen",
+    )
+    assert up.proc.poll() is None, "".join(up.lines)
+    assert isinstance(found, re.Match)
+    url = found.group(1)
+    with httpx.Client(base_url=url, timeout=10) as client:
+        reply = client.post("/v1/hooks/greet", json={"name": "Maya"}, headers={"X-Event-Id": "e"})
+        assert reply.status_code == 202
+        run_id = reply.json()["run_id"]
+        eventually_sync(
+            lambda: client.get(f"/v1/runs/{run_id}").json()["run"]["status"] == "completed",
+            timeout=30,
+            what="the run to complete",
+        )
+    assert up.stop() == 0, "".join(up.lines)
+    assert up.find(r"SIGTERM: shutting down gracefully") and up.find(r"onward\.cli: stopped")
+    assert not up.find("Traceback")
+
+
+def test_worker_runs_steps_and_stops_gracefully_on_sigterm(
+    db_url: str, greet_file: Path, processes: list[Process], sql: psycopg.Connection[dict[str, Any]]
+) -> None:
+    ok(onward(db_url, "publish", str(greet_file)))
+    started = json.loads(
+        ok(onward(db_url, "start", "greet", "--payload", '{"name": "Sam"}', "--json"))
+    )
+    worker = Process(db_url, "worker", "--lanes", "fast=8,wait=8")
+    processes.append(worker)
+    eventually_sync(
+        lambda: (
+            sql.execute(
+                "SELECT status FROM runs WHERE run_id = %s", (started["run_id"],)
+            ).fetchone()
+            == {"status": "completed"}
+        ),
+        timeout=30,
+        what="the worker to complete the run",
+    )
+    assert worker.stop() == 0, "".join(worker.lines)
+    assert worker.find(r"worker, relay, sweeper running")
+    assert worker.find(r"SIGTERM: shutting down gracefully")
+    assert not worker.find("Traceback")
