@@ -11,9 +11,11 @@ from onward.engine import Engine
 
 async def main(url: str, redis_url: str, prefix: str) -> None:
     settings = Settings(database_url=url, queue="redis", redis_url=redis_url, queue_prefix=prefix)
-    async with Engine.open(settings, migrate=False) as engine:
-        async with engine.running(worker=False, sweeper=False) as svc:
-            await svc.stop.wait()
+    async with (
+        Engine.open(settings, migrate=False) as engine,
+        engine.running(worker=False, sweeper=False) as svc,
+    ):
+        await svc.stop.wait()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ still finishes once (R2, R7, R16). Uses Redis logical database 14 and a unique k
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import secrets
@@ -73,7 +74,8 @@ async def test_relay_killed_between_publish_and_mark_sent_is_harmless(
             (await engine.start("pause", {"i": i}, event_id=f"e{i}")).run_id for i in range(20)
         ]
         env = {**os.environ, "ONWARD_CRASH_AT": "relay.after_publish"}
-        proc = subprocess.run(
+        proc = await asyncio.to_thread(
+            subprocess.run,
             [sys.executable, RELAY, db_url, REDIS_DB14, redis_settings.queue_prefix],
             env=env,
             timeout=60,
