@@ -116,7 +116,7 @@ WITH w AS (
         wake = NULL, updated_at = now()
     WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
       AND attempt = %(attempt)s AND status = 'running'
-    RETURNING org_id, run_id, seq, step_id
+    RETURNING org_id, run_id, seq, step_id, lane
 ),
 t AS (
     INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at)
@@ -134,9 +134,9 @@ org AS (
 ),
 wake AS (
     INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)
-    SELECT org_id, 'timer', 'timer:' || org_id || ':' || timer_id || ':' || wake_n, 'wait',
-           jsonb_build_object('timer_id', timer_id, 'run_id', run_id, 'seq', seq), due_at
-    FROM t
+    SELECT t.org_id, 'timer', 'timer:' || t.org_id || ':' || t.timer_id || ':' || t.wake_n, w.lane,
+           jsonb_build_object('timer_id', t.timer_id, 'run_id', t.run_id, 'seq', t.seq), t.due_at
+    FROM t JOIN w ON true
 ),
 hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)

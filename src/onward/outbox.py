@@ -93,11 +93,6 @@ class Relay:
             self.kick.clear()
             await _sleep_or(stop, self.poll_seconds, self.kick)
 
-    async def prune(self, keep_seconds: float = 3600.0, limit: int = 5000) -> int:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(Q.prune_sent, {"keep": keep_seconds, "limit": limit})
-            return cur.rowcount or 0
-
 
 async def _sleep_or(stop: asyncio.Event, seconds: float, *events: asyncio.Event) -> None:
     """Sleep up to ``seconds``, returning early when ``stop`` or any event is set."""

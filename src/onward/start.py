@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from onward import ids
 from onward.automations.versions import VersionCache, load_version
 from onward.db import Pool
+from onward.crashpoints import crash_point
 from onward.db.sql import Queries
 from onward.errors import PayloadTooLarge
 from onward.kinds import Registry
@@ -90,6 +91,7 @@ async def start_run(
         cur = await conn.execute(Q.start_run, args)
         row = await cur.fetchone()
         if row is not None:
+            crash_point("start.after_commit")
             return Started(row["run_id"], True, start_key)
         # Conflict: another delivery started it. A fresh statement sees its committed row.
         cur = await conn.execute(Q.find_duplicate, {"org_id": org_id, "start_key": start_key})

@@ -33,6 +33,7 @@ from onward.outbox import _sleep_or
 
 Q = Queries(__package__, "sweep.sql")
 QL = Queries(__package__, "leases.sql")
+QO = Queries(__package__, "outbox.sql")
 log = logging.getLogger("onward.sweep")
 
 
@@ -53,6 +54,7 @@ class SweepStats:
     batches: int = 0
     rescued: int = 0
     expired: int = 0
+    pruned: int = 0
     lateness: list[float] = field(default_factory=list)
 
 
@@ -137,6 +139,12 @@ class Sweeper:
                 expired += int(row["expired"]) if row else 0
         return expired
 
+    async def prune_outbox(self, keep_seconds: float = 3600.0, limit: int = 5000) -> int:
+        """Remove sent outbox rows older than ``keep_seconds``, in a bounded batch."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(QO.prune_sent, {"keep": keep_seconds, "limit": limit})
+            return cur.rowcount or 0
+
     async def tick(self) -> int:
         """One sweep as leader. Returns the number of timers fired."""
         fired_total = 0
@@ -150,6 +158,8 @@ class Sweeper:
         self.stats.fired += fired_total
         self.stats.rescued += await self.rescue()
         self.stats.expired += await self.expire_over_age()
+        if self.stats.ticks % 100 == 0:
+            self.stats.pruned += await self.prune_outbox()
         self.stats.ticks += 1
         if fired_total and self.kick is not None:
             self.kick.set()

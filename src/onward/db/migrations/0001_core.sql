@@ -1,7 +1,8 @@
 -- 0001_core: the durable core. Every table carries org_id and every primary key and hot
 -- index leads with it, so the schema can be distributed by org_id. Two deliberate exceptions,
--- both partial indexes over only the pending rows: steps_claimable (workers claim ready work
--- across organisations) and outbox_unsent (the relay drains across organisations). On a
+-- all partial indexes over only the pending rows: steps_claimable (workers claim ready work
+-- across organisations), steps_leased (the sweep rescues lapsed leases across organisations)
+-- and outbox_unsent (the relay drains across organisations). On a
 -- distributed database each shard keeps its own copy of those indexes and the claim runs per
 -- shard. The state machine is written down in docs/state-machine.md.
 
@@ -168,7 +169,7 @@ CREATE TABLE outbox (
     sent_at    timestamptz,
     PRIMARY KEY (org_id, outbox_id)
 );
-CREATE INDEX outbox_unsent ON outbox (outbox_id) WHERE sent_at IS NULL;
+CREATE INDEX outbox_unsent ON outbox (deliver_at, outbox_id) WHERE sent_at IS NULL;
 
 -- Ordered, append-only log of every transition of a run (R17), written in the transition's
 -- own transaction. event_id orders it; at is the database clock.
