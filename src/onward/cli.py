@@ -538,7 +538,58 @@ def stop_embedded(ctx: typer.Context) -> None:
 
 
 # -- operations ------------------------------------------------------------------------------
-# `onward doctor` (the R16 invariants) and `onward bench` are added here by the lead.
+
+
+@app.command()
+def doctor(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    grace: Annotated[float, typer.Option(help="seconds before a lag counts as unhealthy")] = 300.0,
+) -> None:
+    """The silent-failure checks (R16); exits 1 when any is unhealthy."""
+    from onward.doctor import render, run_checks
+
+    async def go() -> Any:
+        async with _open(_settings(ctx)) as engine:
+            return await run_checks(engine, grace=grace)
+
+    checks = _run(go())
+    if as_json:
+        _print_json({"healthy": all(c.ok for c in checks), "checks": [c.as_dict() for c in checks]})
+    else:
+        typer.echo(render(checks))
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+BENCHES = ("sweep", "latency")
+
+
+@app.command()
+def bench(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="one of: " + ", ".join(BENCHES))],
+    as_json: JsonOpt = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="a small run that proves it works")
+    ] = False,
+) -> None:
+    """Benchmarks that print their figures beside the machine's own ceiling."""
+    from onward.db import resolve_url
+
+    if name not in BENCHES:
+        _fail([f"unknown bench {name!r}; choose one of {', '.join(BENCHES)}"], 2)
+    settings = _settings(ctx)
+    url = resolve_url(settings)
+    if name == "sweep":
+        from onward.bench import sweep as module
+    else:
+        from onward.bench import latency as module  # type: ignore[no-redef]
+    result = module.run(url, quick=quick)
+    if as_json:
+        _print_json(result)
+    else:
+        typer.echo(module.render(result))
 
 
 # -- entry point -----------------------------------------------------------------------------

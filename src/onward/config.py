@@ -54,9 +54,11 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
+        from onward.db.embedded import default_data_dir  # late: onward.db imports this module
+
         s = cls(
             database_url=os.environ.get("ONWARD_DATABASE_URL") or None,
-            data_dir=os.environ.get("ONWARD_DATA_DIR", ".onward"),
+            data_dir=os.environ.get("ONWARD_DATA_DIR") or default_data_dir(),
             redis_url=os.environ.get("ONWARD_REDIS_URL", "redis://127.0.0.1:6379/0"),
             queue=os.environ.get("ONWARD_QUEUE", "postgres"),
             queue_prefix=os.environ.get("ONWARD_QUEUE_PREFIX", "onward"),

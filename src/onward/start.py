@@ -16,8 +16,8 @@ from psycopg.types.json import Jsonb
 
 from onward import ids
 from onward.automations.versions import VersionCache, load_version
-from onward.db import Pool
 from onward.crashpoints import crash_point
+from onward.db import Pool
 from onward.db.sql import Queries
 from onward.errors import PayloadTooLarge
 from onward.kinds import Registry
