@@ -562,7 +562,12 @@ def doctor(
         raise typer.Exit(1)
 
 
-BENCHES = ("sweep", "latency")
+BENCHES = {
+    "sweep": "onward.bench.sweep",
+    "latency": "onward.bench.latency",
+    "throughput": "onward.bench.throughput",
+    "start": "onward.bench.start",
+}
 
 
 @app.command()
@@ -573,23 +578,55 @@ def bench(
     quick: Annotated[
         bool, typer.Option("--quick", help="a small run that proves it works")
     ] = False,
+    runs: Annotated[int | None, typer.Option(help="runs to drive (benches that take it)")] = None,
+    workers: Annotated[int | None, typer.Option(help="worker processes (throughput)")] = None,
 ) -> None:
-    """Benchmarks that print their figures beside the machine's own ceiling."""
+    """Benchmarks that print their figures beside the machine's own ceiling.
+
+    Each bench module exposes ``run(database_url, *, quick, **options) -> dict`` and
+    ``render(result) -> str``; options it does not take are not passed.
+    """
+    import importlib
+    import inspect
+
     from onward.db import resolve_url
 
     if name not in BENCHES:
         _fail([f"unknown bench {name!r}; choose one of {', '.join(BENCHES)}"], 2)
+    module = importlib.import_module(BENCHES[name])
     settings = _settings(ctx)
     url = resolve_url(settings)
-    if name == "sweep":
-        from onward.bench import sweep as module
-    else:
-        from onward.bench import latency as module  # type: ignore[no-redef]
-    result = module.run(url, quick=quick)
+    accepted = inspect.signature(module.run).parameters
+    options = {
+        k: v
+        for k, v in {"runs": runs, "workers": workers, "redis_url": settings.redis_url}.items()
+        if v is not None and k in accepted
+    }
+    result = module.run(url, quick=quick, **options)
     if as_json:
         _print_json(result)
     else:
         typer.echo(module.render(result))
+
+
+@app.command()
+def chaos(
+    ctx: typer.Context,
+    runs: Annotated[int, typer.Option(help="runs of the reference scenario")] = 60,
+    kills: Annotated[int, typer.Option(help="kills per crash point")] = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """Kill real workers at every crash point while runs flow; print what survived (exit 1 on
+    any lost run, double transition or duplicate effect at an idempotent provider)."""
+    from onward.chaos import run_chaos
+
+    report = run_chaos(_settings(ctx), runs=runs, kills_per_point=kills, out=typer.echo)
+    if as_json:
+        _print_json(report.as_dict())
+    else:
+        typer.echo(report.render())
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 # -- entry point -----------------------------------------------------------------------------
