@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from pydantic import ValidationError
 
 from onward import leases, timers
 from onward.automations.document import AutomationDoc, StepDef
@@ -145,6 +146,7 @@ class Worker:
             except (psycopg.OperationalError, OSError) as exc:
                 log.warning("firing timers on wake failed (%s); the sweep will fire them", exc)
                 continue
+            crash_point("timer.after_fire")
             for f in fired:
                 if f["lane"] in self.kick:
                     self.kick[f["lane"]].set()
@@ -201,6 +203,17 @@ class Worker:
                     exc,
                 )
                 row = None
+            except Exception as exc:  # a bug outside the handler: never loop on it
+                log.exception("step %s#%s: engine error", token.run_id, token.seq)
+                row = None
+                with contextlib.suppress(Exception):
+                    await self._stop(
+                        token,
+                        "parked",
+                        "parked",
+                        f"engine error: {type(exc).__name__}: {exc}",
+                        wait_kind="review",
+                    )
             finally:
                 self.held.pop(token.key, None)
                 self.running[lane] -= 1
@@ -276,6 +289,19 @@ class Worker:
                     },
                 )
             return None
+        try:
+            params = self._params(doc, row, step, spec)
+        except ValidationError as exc:
+            problems = "; ".join(
+                ".".join(str(p) for p in e["loc"]) + ": " + e["msg"] for e in exc.errors()
+            )
+            await self._stop(
+                token,
+                "failed",
+                "failed",
+                f"step {step.id}: parameters do not fit kind {row['kind']!r}: {problems}",
+            )
+            return None
         ctx = StepContext(
             org_id=row["org_id"],
             run_id=row["run_id"],
@@ -286,7 +312,7 @@ class Worker:
             iteration=row["iteration"],
             attempt=row["attempt"],
             worker=self.id,
-            params=self._params(doc, row, step, spec),
+            params=params,
             input=row["input"] or {},
             vars=dict((row["ctx"] or {}).get("vars") or {}),
             steps=dict((row["ctx"] or {}).get("steps") or {}),
@@ -305,6 +331,7 @@ class Worker:
             log.info("step %s#%s: lease lost; its result is dropped", token.run_id, token.seq)
             return None
         except Exception as exc:
+            crash_point("worker.before_settle_error")
             await self._settle_error(token, step, spec, exc)
             return None
         crash_point("worker.before_settle")
@@ -313,6 +340,7 @@ class Worker:
                 res = await leases.settle_wait_timer(
                     conn, token, worker=self.id, due_in=result.due_in, intent=result.intent
                 )
+            crash_point("worker.after_wait")
             self._count_settle(res is not None)
             return None
         adv = result if isinstance(result, Advance) else Advance(output=result)
@@ -478,11 +506,14 @@ class Worker:
             await stop.wait()
         finally:
             self._stopping = True
-            for t in (*lane_loops, consumer, firer):
+            # Lane loops stop by themselves on ``stop``; cancelling one just after its claim
+            # committed would orphan the claimed rows until their lease lapsed.
+            await asyncio.gather(*lane_loops, return_exceptions=True)
+            for t in (consumer, firer):
                 t.cancel()
             # A queue client may swallow one cancellation inside its own reconnect logic;
             # shutdown must not hang on it, so the wait is bounded and repeated.
-            pending = {*lane_loops, consumer, firer}
+            pending = {consumer, firer}
             for _ in range(5):
                 _done, pending = await asyncio.wait(pending, timeout=1.0)
                 if not pending:

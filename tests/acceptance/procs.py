@@ -84,8 +84,13 @@ async def serve(args: argparse.Namespace) -> None:
             lanes=lanes_from_spec(args.lanes, settings.lanes),
         )
         loop = asyncio.get_running_loop()
+
+        def on_signal(name: str) -> None:
+            print(f"stopping on {name}", flush=True)  # tests wait for this line
+            svc.stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, svc.stop.set)
+            loop.add_signal_handler(sig, on_signal, sig.name)
         print(f"ready {engine.id}", flush=True)
         await engine.run_services(svc)
         worker = svc.worker
@@ -152,7 +157,7 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGKILL)
 
     def log_text(self) -> str:
-        self._log.flush()
+        # the child writes to the file itself; our handle only has to stay open while it runs
         return self.log_path.read_text(errors="replace")
 
     def close(self) -> None:

@@ -222,6 +222,8 @@ EMAIL_CASES = {
     "during_call_before_work": (None, None),
     "during_call_after_work": (None, 1),  # the provider acted; the answer never came
     "after_call": ("effect.after_call", 1),  # the answer came; the settle never happened
+    # the effect is settled, the step is not: the replay reads the recorded result
+    "after_effect_settled": ("worker.before_settle", 1),
 }
 
 
@@ -269,7 +271,10 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
     # the worst line: from the database, "never called" and "done, not recorded" look the same
     left = effect_row(sql, key)
     assert left is not None
-    assert (left["status"], left["attempts"], left["result"]) == ("in_flight", 1, None), left
+    if case == "after_effect_settled":
+        assert (left["status"], left["attempts"]) == ("settled", 1), left
+    else:
+        assert (left["status"], left["attempts"], left["result"]) == ("in_flight", 1, None), left
     step = step_row(sql, run_id, 1)
     assert (step["status"], step["attempt"], step["owner"]) == ("running", 1, "proc-a"), step
     if case == "before_call":
@@ -292,7 +297,9 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
     send = step_row(sql, run_id, 1)
     assert (send["status"], send["attempt"]) == ("done", 2), send
     assert send["output"]["message_id"] == entry["response_id"]
-    claims = [(e["attempt"], e["worker"]) for e in events(sql, run_id, "step_claimed") if e["seq"] == 1]
+    claims = [
+        (e["attempt"], e["worker"]) for e in events(sql, run_id, "step_claimed") if e["seq"] == 1
+    ]
     assert claims == [(1, "proc-a"), (2, "proc-b")]
     assert len(events(sql, run_id, "lease_expired")) == 1
     assert [e["worker"] for e in events(sql, run_id, "step_done") if e["seq"] == 1] == ["proc-b"]
@@ -356,3 +363,31 @@ async def test_payment_with_unknown_outcome_parks_for_review_and_never_charges_t
     entries = admin.ledger("payment")
     assert len(entries) == charges  # at most one charge, ever
     assert all(e["idempotency_key"] == key for e in entries)
+
+
+async def test_an_unsubscribe_after_the_email_went_out_does_not_rewrite_what_happened(
+    engine: Engine,
+    sql: psycopg.Connection,
+    admin: SandboxAdmin,
+    sandbox: SandboxServer,
+    spawn: Spawn,
+) -> None:
+    """The send step's effect is settled (the message is out), then the worker dies before the
+    step is; Maya unsubscribes before the step runs again. The replay must record the send
+    that happened (the effect's result), not claim the email was skipped for consent."""
+    run_id, key = await start_one(engine, sandbox, "email", "evt-sent-then-unsubscribed")
+    a = spawn("proc-a", crash_at="worker.before_settle", sweeper=False)
+    assert await exited(a) == -signal.SIGKILL, a.log_text()
+    [entry] = admin.ledger("email")
+    sent = effect_row(sql, key)
+    assert sent is not None and sent["status"] == "settled"
+
+    await engine.integrations.suppress(ORG, MAYA, "unsubscribed")
+    b = spawn("proc-b")
+    assert await engine.wait(run_id, timeout=40) == "completed", b.log_text()
+
+    assert len(admin.ledger("email")) == 1
+    send = step_row(sql, run_id, 1)
+    assert (send["status"], send["output"].get("sent")) == ("done", True), send
+    assert send["output"]["message_id"] == entry["response_id"]
+    assert events(sql, run_id, "step_skipped") == []

@@ -83,6 +83,7 @@ async def test_sigterm_releases_a_long_step_and_another_worker_claims_it_at_once
     engine: Engine, sql: psycopg.Connection, spawn: Spawn
 ) -> None:
     await engine.publish(publish_nap(60))
+    await engine.publish(Automation("quick").step("quick", SLEEP_KIND, seconds=0).build())
     started = await engine.start("nap", {}, event_id="long")
     run_id = started.run_id
     grace = 1.0
@@ -91,9 +92,17 @@ async def test_sigterm_releases_a_long_step_and_another_worker_claims_it_at_once
     assert claim1["attempt"] == 1
 
     wp.terminate()
+
+    async def stopping() -> bool:
+        return "stopping on SIGTERM" in wp.log_text()
+
+    await eventually(stopping, timeout=5, what="the process to see SIGTERM")
+    # work that becomes ready now is not for this process any more: it stopped claiming
+    quick = await engine.start("quick", {}, event_id="after-sigterm")
     took = await exits(wp, timeout=grace + 5)
     assert wp.proc.returncode == 0, wp.log_text()
     assert took < grace + 3, f"shutdown took {took:.1f}s with a grace of {grace}s"
+    assert events(sql, quick.run_id, "step_claimed") == []
 
     # the step was handed back at once: ready, lease ended now, nobody owns it, nothing written
     (released,) = events(sql, run_id, "step_released")
@@ -114,6 +123,8 @@ async def test_sigterm_releases_a_long_step_and_another_worker_claims_it_at_once
         claim2 = await eventually(second_claim, timeout=10, what="claim of attempt 2")
         assert claim2["worker"] == engine.id
         assert await engine.wait(run_id, timeout=20) == "completed"
+        assert await engine.wait(quick.run_id, timeout=20) == "completed"
+    assert [e["worker"] for e in events(sql, quick.run_id, "step_claimed")] == [engine.id]
 
     waited = (claim2["at"] - released["at"]).total_seconds()
     # the old lease ran at least LEASE - HEARTBEAT beyond the release: claiming within that

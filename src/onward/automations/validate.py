@@ -34,7 +34,7 @@ def validate(data: dict[str, Any] | AutomationDoc, registry: Registry) -> Automa
         if spec is None:
             known = ", ".join(registry.names())
             problems.append(f"step {step.id}: unknown step kind {step.kind!r} (known: {known})")
-            edges[step.id] = [step.next] if step.next else []
+            edges.setdefault(step.id, []).extend([step.next] if step.next else [])
             continue
         if step.lane is not None and step.lane not in LANES:
             problems.append(f"step {step.id}: unknown lane {step.lane!r} (choose one of {LANES})")
@@ -49,10 +49,10 @@ def validate(data: dict[str, Any] | AutomationDoc, registry: Registry) -> Automa
             for err in exc.errors():
                 where = ".".join(str(p) for p in err["loc"])
                 problems.append(f"step {step.id}: with.{where}: {err['msg']}")
-            edges[step.id] = [step.next] if step.next else []
+            edges.setdefault(step.id, []).extend([step.next] if step.next else [])
             continue
         problems.extend(spec.check(step, params))
-        edges[step.id] = spec.successors(step, params)
+        edges.setdefault(step.id, []).extend(spec.successors(step, params))
 
     if doc.start is not None and doc.start not in ids:
         problems.append(f"start {doc.start!r} is not a step")

@@ -6,9 +6,12 @@ ON CONFLICT (org_id, automation_id) DO UPDATE SET updated_at = automations.updat
 RETURNING latest_version;
 
 -- name: find_by_digest
--- A version with exactly this content, if one was published already.
-SELECT version FROM automation_versions
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND digest = %(digest)s;
+-- The latest version, if it has exactly this content (publishing it again is a no-op). An
+-- older version with this content does not count: publishing it again makes it current.
+SELECT v.version FROM automations a
+JOIN automation_versions v
+  ON v.org_id = a.org_id AND v.automation_id = a.automation_id AND v.version = a.latest_version
+WHERE a.org_id = %(org_id)s AND a.automation_id = %(automation_id)s AND v.digest = %(digest)s;
 
 -- name: insert_version
 -- Versions are immutable: inserted once, never updated.

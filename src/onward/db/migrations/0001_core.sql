@@ -34,9 +34,10 @@ CREATE TABLE automation_versions (
     digest        text NOT NULL,       -- sha256 of the canonical document
     document      jsonb NOT NULL,
     published_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (org_id, automation_id, version),
-    UNIQUE (org_id, automation_id, digest)
+    PRIMARY KEY (org_id, automation_id, version)
 );
+-- Not unique: publishing an older document again makes it current as a new version.
+CREATE INDEX automation_versions_digest ON automation_versions (org_id, automation_id, digest);
 
 CREATE TABLE runs (
     org_id          text NOT NULL,
