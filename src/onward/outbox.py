@@ -88,6 +88,12 @@ class Relay:
                 log.warning("relay: publish failed (%s); rows stay unsent and are retried", exc)
                 n = 0
                 await _sleep_or(stop, 1.0)
+            except Exception:
+                # Anything else must not end the relay silently (R16): log it, keep the rows
+                # unsent, and try again; doctor's stale_outbox check shows a relay that is stuck.
+                log.exception("relay: unexpected error; rows stay unsent and are retried")
+                n = 0
+                await _sleep_or(stop, 1.0)
             if n >= self.batch:
                 continue
             self.kick.clear()

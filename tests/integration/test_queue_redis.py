@@ -1,4 +1,5 @@
-"""The Redis wake queue against a real Redis at 127.0.0.1:6379 (R2, R7, R16).
+"""The Redis wake queue against a real Redis (R2, R7, R16): ``ONWARD_TEST_REDIS_URL``, by
+default redis://127.0.0.1:6379/0.
 
 Db 0 may be shared with other test runs: every test uses its own key prefix and deletes its
 keys afterwards; connections are killed by id (never ``CLIENT KILL TYPE normal``, which would
@@ -10,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlsplit
 from uuid import uuid4
 
 import pytest
@@ -23,7 +27,11 @@ from onward.ids import step_wake_id, timer_wake_id
 from onward.queue.base import Queue, Wake
 from onward.queue.redis import RedisQueue
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = os.environ.get("ONWARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+Admin = aioredis.Redis
+MakeQueue = Callable[..., RedisQueue]
+Consume = Callable[[Queue, list[str], "Collector"], "asyncio.Task[None]"]
+Caplog = pytest.LogCaptureFixture
 WAIT_S = 10.0  # upper bound for anything we wait on; a pass takes milliseconds
 
 
@@ -89,8 +97,8 @@ async def prefix(admin: aioredis.Redis) -> AsyncIterator[str]:
 async def make_queue(prefix: str) -> AsyncIterator[Callable[..., RedisQueue]]:
     made: list[RedisQueue] = []
 
-    def make(url: str = REDIS_URL, **kwargs: object) -> RedisQueue:
-        q = RedisQueue(url, prefix=prefix, **kwargs)  # type: ignore[arg-type]
+    def make(url: str = REDIS_URL, **kwargs: Any) -> RedisQueue:
+        q = RedisQueue(url, prefix=prefix, **kwargs)
         made.append(q)
         return q
 
@@ -100,7 +108,7 @@ async def make_queue(prefix: str) -> AsyncIterator[Callable[..., RedisQueue]]:
 
 
 @pytest.fixture
-async def consume() -> AsyncIterator[Callable[[Queue, list[str], Collector], asyncio.Task[None]]]:
+async def consume() -> AsyncIterator[Consume]:
     tasks: list[asyncio.Task[None]] = []
 
     def start(q: Queue, lanes: list[str], into: Collector) -> asyncio.Task[None]:
@@ -118,7 +126,7 @@ async def consume() -> AsyncIterator[Callable[[Queue, list[str], Collector], asy
             await task
 
 
-async def test_publish_then_consume_delivers(make_queue, consume) -> None:
+async def test_publish_then_consume_delivers(make_queue: MakeQueue, consume: Consume) -> None:
     q = make_queue()
     got = Collector()
     consume(q, ["fast", "io"], got)
@@ -137,7 +145,7 @@ async def test_publish_then_consume_delivers(make_queue, consume) -> None:
     assert await got.until(second.job_id) == second
 
 
-async def test_same_job_id_twice_is_delivered_once(make_queue, consume) -> None:
+async def test_same_job_id_twice_is_delivered_once(make_queue: MakeQueue, consume: Consume) -> None:
     q = make_queue()
     got = Collector()
     dup = wake(step_wake_id("run_1", 1, 1))
@@ -150,7 +158,9 @@ async def test_same_job_id_twice_is_delivered_once(make_queue, consume) -> None:
     assert got.ids().count(dup.job_id) == 1
 
 
-async def test_dedup_marker_is_retained_for_retention_s(admin, make_queue, consume) -> None:
+async def test_dedup_marker_is_retained_for_retention_s(
+    admin: Admin, make_queue: MakeQueue, consume: Consume
+) -> None:
     q = make_queue(retention_s=120.0)
     got = Collector()
     w = wake(step_wake_id("run_1", 1, 1))
@@ -166,7 +176,38 @@ async def test_dedup_marker_is_retained_for_retention_s(admin, make_queue, consu
     assert got.ids().count(w.job_id) == 2
 
 
-async def test_a_new_attempt_is_a_new_wake(make_queue, consume) -> None:
+async def test_delayed_wake_marker_outlives_the_delay(admin: Admin, make_queue: MakeQueue) -> None:
+    q = make_queue(retention_s=120.0)
+    await q.publish([wake("later", delay_s=60.0)])
+    ttl_ms = await admin.pttl(q.job_key("later"))
+    assert 120_000 < ttl_ms <= 180_000
+
+
+async def test_refused_publish_raises_connection_error_and_leaves_no_marker(
+    admin: Admin, make_queue: MakeQueue, consume: Consume
+) -> None:
+    # The relay leaves rows unsent on ConnectionError/OSError. A refusal (here WRONGTYPE; in
+    # production typically OOM under noeviction) must surface as one, and must not leave a
+    # dedup marker behind that would swallow the relay's retry.
+    q = make_queue()
+    await admin.set(q.ready_key("fast"), "not a list")
+    with pytest.raises(ConnectionError, match="refused the wakes"):
+        await q.publish([wake("w1")])
+    assert await admin.exists(q.job_key("w1")) == 0
+    await admin.delete(q.ready_key("fast"))
+    got = Collector()
+    consume(q, ["fast"], got)
+    await q.publish([wake("w1")])  # the relay's retry
+    await got.until("w1")
+
+
+async def test_publish_to_unreachable_redis_raises_connection_error(make_queue: MakeQueue) -> None:
+    q = make_queue("redis://127.0.0.1:1/0")
+    with pytest.raises(ConnectionError):
+        await q.publish([wake("w1")])
+
+
+async def test_a_new_attempt_is_a_new_wake(make_queue: MakeQueue, consume: Consume) -> None:
     q = make_queue()
     got = Collector()
     consume(q, ["fast"], got)
@@ -177,7 +218,7 @@ async def test_a_new_attempt_is_a_new_wake(make_queue, consume) -> None:
     await got.until(step_wake_id("run_1", 4, 2))
 
 
-async def test_delay_is_scored_by_redis_server_time(admin, make_queue) -> None:
+async def test_delay_is_scored_by_redis_server_time(admin: Admin, make_queue: MakeQueue) -> None:
     q = make_queue()
     sec, usec = await admin.time()
     before_ms = sec * 1000 + usec / 1000
@@ -185,12 +226,13 @@ async def test_delay_is_scored_by_redis_server_time(admin, make_queue) -> None:
     sec, usec = await admin.time()
     after_ms = sec * 1000 + usec / 1000
     assert await admin.llen(q.ready_key("fast")) == 0
-    [(member, score)] = await admin.zrange(q.delayed_key("fast"), 0, -1, withscores=True)
-    assert Wake.from_json(member).job_id == "later"
-    assert before_ms + 300 <= score <= after_ms + 300
+    delayed: list[Any] = await admin.zrange(q.delayed_key("fast"), 0, -1, withscores=True)
+    [(member, score)] = delayed
+    assert Wake.from_json(str(member)).job_id == "later"
+    assert before_ms + 300 <= float(score) <= after_ms + 300
 
 
-async def test_delayed_wake_is_not_delivered_early(make_queue, consume) -> None:
+async def test_delayed_wake_is_not_delivered_early(make_queue: MakeQueue, consume: Consume) -> None:
     q = make_queue()
     got = Collector()
     consume(q, ["fast"], got)
@@ -204,7 +246,9 @@ async def test_delayed_wake_is_not_delivered_early(make_queue, consume) -> None:
     assert got.ids() == ["now", "later"]
 
 
-async def test_two_consumers_never_get_the_same_job(make_queue, consume) -> None:
+async def test_two_consumers_never_get_the_same_job(
+    make_queue: MakeQueue, consume: Consume
+) -> None:
     q1, q2 = make_queue(), make_queue()
     a, b = Collector(), Collector()
     ids = [f"job-{i}" for i in range(300)]
@@ -226,7 +270,9 @@ async def test_two_consumers_never_get_the_same_job(make_queue, consume) -> None
     assert sorted(a.ids() + b.ids()) == sorted(ids)
 
 
-async def test_malformed_payload_is_skipped_with_a_warning(admin, make_queue, consume, caplog):
+async def test_malformed_payload_is_skipped_with_a_warning(
+    admin: Admin, make_queue: MakeQueue, consume: Consume, caplog: Caplog
+) -> None:
     q = make_queue()
     got = Collector()
     await admin.lpush(q.ready_key("fast"), "not json", '{"job_id": "x"}', "[]")
@@ -238,17 +284,18 @@ async def test_malformed_payload_is_skipped_with_a_warning(admin, make_queue, co
     assert sum("malformed wake" in r.getMessage() for r in caplog.records) == 3
 
 
-async def test_a_raising_on_wake_does_not_stop_the_consumer(make_queue, consume, caplog) -> None:
+async def test_a_raising_on_wake_does_not_stop_the_consumer(
+    make_queue: MakeQueue, consume: Consume, caplog: Caplog
+) -> None:
     q = make_queue()
-    got = Collector()
-    plain = got.on_wake
 
-    def on_wake(w: Wake) -> None:
-        plain(w)
-        if w.job_id == "boom":
-            raise RuntimeError("handler bug")
+    class Raising(Collector):
+        def on_wake(self, wake: Wake) -> None:
+            super().on_wake(wake)
+            if wake.job_id == "boom":
+                raise RuntimeError("handler bug")
 
-    got.on_wake = on_wake  # type: ignore[method-assign]
+    got = Raising()
     with caplog.at_level(logging.ERROR, logger="onward.queue.redis"):
         consume(q, ["fast"], got)
         await q.publish([wake("boom")])
@@ -258,7 +305,9 @@ async def test_a_raising_on_wake_does_not_stop_the_consumer(make_queue, consume,
     assert any("on_wake failed" in r.getMessage() for r in caplog.records)
 
 
-async def test_consumer_survives_its_connection_being_killed(admin, make_queue, consume, prefix):
+async def test_consumer_survives_its_connection_being_killed(
+    admin: Admin, make_queue: MakeQueue, consume: Consume, prefix: str
+) -> None:
     q = make_queue()
     got = Collector()
     consume(q, ["fast"], got)
@@ -273,8 +322,29 @@ async def test_consumer_survives_its_connection_being_killed(admin, make_queue, 
     await got.until("after")
 
 
-async def test_eviction_policy_other_than_noeviction(admin, make_queue, caplog) -> None:
-    original = (await admin.config_get("maxmemory-policy"))["maxmemory-policy"]
+async def test_cancel_stops_the_consumer_promptly(make_queue: MakeQueue) -> None:
+    # Regression: on Python 3.11 redis-py's socket writes (asyncio.wait_for) could swallow a
+    # cancel() that landed just as a write completed; the consumer then kept looping. With a
+    # long block_s a swallowed cancel shows as a stop that takes seconds instead of at once.
+    q = make_queue(block_s=5.0)
+    for i in range(150):
+        got = Collector()
+        task = asyncio.create_task(q.consume(["fast"], got.on_wake))
+        await q.publish([wake(f"c{i}")])
+        await got.until(f"c{i}")
+        for _ in range(i % 4):  # vary where in its loop the consumer is when cancelled
+            await asyncio.sleep(0)
+        task.cancel()
+        async with asyncio.timeout(2.0):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert task.cancelled()
+
+
+async def test_eviction_policy_other_than_noeviction(
+    admin: Admin, make_queue: MakeQueue, caplog: Caplog
+) -> None:
+    original = str((await admin.config_get("maxmemory-policy"))["maxmemory-policy"])
     strict, lenient = make_queue(), make_queue(allow_eviction=True)
     if original == "noeviction":
         await strict.start()
@@ -296,15 +366,16 @@ async def test_eviction_policy_other_than_noeviction(admin, make_queue, caplog) 
 
 
 async def test_config_not_permitted_falls_back_to_info_then_warns(
-    admin, make_queue, caplog
+    admin: Admin, make_queue: MakeQueue, caplog: Caplog
 ) -> None:
     users: list[str] = []
+    host_port = urlsplit(REDIS_URL).netloc.rpartition("@")[2]
 
     async def user(*rules: str) -> str:
         name = f"onward-test-{uuid4().hex[:8]}"
         users.append(name)
         await admin.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "&*", *rules)
-        return f"redis://{name}:pw@127.0.0.1:6379/0"
+        return urlsplit(REDIS_URL)._replace(netloc=f"{name}:pw@{host_port}").geturl()
 
     try:
         # A managed Redis that refuses CONFIG but answers INFO: the policy is still checked.
@@ -328,14 +399,14 @@ async def test_config_not_permitted_falls_back_to_info_then_warns(
             await admin.execute_command("ACL", "DELUSER", name)
 
 
-async def test_health_reports_unreachable_redis(make_queue) -> None:
+async def test_health_reports_unreachable_redis(make_queue: MakeQueue) -> None:
     q = make_queue("redis://127.0.0.1:1/0")
     [problem] = await q.health()
     assert "unreachable" in problem
     assert "127.0.0.1:1" in problem
 
 
-async def test_noop_cases(make_queue) -> None:
+async def test_noop_cases(make_queue: MakeQueue) -> None:
     q = make_queue()
     await q.publish([])  # nothing to do, no error
     with pytest.raises(TimeoutError):

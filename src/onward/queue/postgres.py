@@ -71,7 +71,16 @@ class PostgresQueue(Queue):
         first = True
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                # TCP keepalives: a listener whose peer vanished without closing (a partition)
+                # would otherwise wait in notifies() for the OS default of about two hours.
+                async with await psycopg.AsyncConnection.connect(
+                    self.url,
+                    autocommit=True,
+                    keepalives=1,
+                    keepalives_idle=30,
+                    keepalives_interval=10,
+                    keepalives_count=3,
+                ) as conn:
                     for lane in lanes:
                         await conn.execute(f'LISTEN "{channel(self.prefix, lane)}"')
                     if not first and on_reconnect is not None:

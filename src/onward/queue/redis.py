@@ -10,7 +10,7 @@ those problems, and the dedup rule is explicit here instead of hidden in a libra
 
 Key layout (``<prefix>`` defaults to ``onward``)::
 
-    <prefix>:job:<job_id>     string "1" with a TTL of ``retention_s``: the dedup marker
+    <prefix>:job:<job_id>     string "1", TTL delay + ``retention_s``: the dedup marker
     <prefix>:ready:<lane>     LIST of ``Wake.to_json()`` payloads; LPUSH in, BRPOP out
     <prefix>:delayed:<lane>   ZSET of payloads scored by due time (ms, Redis server clock)
 
@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -55,10 +56,12 @@ from onward.queue.base import OnReconnect, OnWake, Queue, Wake
 
 log = logging.getLogger("onward.queue.redis")
 
-# KEYS: job marker, ready list, delayed zset. ARGV: payload, delay ms, retention ms.
-# One script per wake so the dedup marker and the push happen together or not at all.
+# KEYS: job marker, ready list, delayed zset. ARGV: payload, delay ms, marker TTL ms.
+# One script per wake. Redis does not roll back a script that fails half way, so the marker
+# is written LAST: a failed push leaves no marker (the relay's retry is not swallowed), and a
+# failure after the push can at worst let a retry deliver the wake twice, which is harmless.
 _PUBLISH = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[3]) then
+if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 local delay = tonumber(ARGV[2])
@@ -69,6 +72,7 @@ if delay > 0 then
 else
   redis.call('LPUSH', KEYS[2], ARGV[1])
 end
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
 return 1
 """
 
@@ -103,6 +107,20 @@ return {moved, wait}
 _BACKOFF_START_S = 0.1
 _BACKOFF_MAX_S = 5.0
 _MIN_BLOCK_S = 0.01  # BRPOP's timeout 0 means "forever": never ask for less than this
+_OP_TIMEOUT_S = 10.0  # a Redis round trip that takes longer is treated as a lost connection
+
+# Timeouts: the clients run with socket_timeout=None and every call is wrapped in
+# asyncio.timeout() instead. With a socket_timeout, redis-py wraps each socket write in
+# asyncio.wait_for, which on Python 3.11 returns normally and DROPS a cancel() that lands in
+# the same loop turn as the write completing (bpo-42130, fixed in 3.12): a cancelled consumer
+# then loops forever and a worker's shutdown hangs. asyncio.timeout does not lose cancels.
+
+
+def _raise_if_cancel_was_swallowed() -> None:
+    """Belt and braces for the above: ``Task.cancelling()`` still counts a dropped cancel."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class RedisQueue(Queue):
@@ -148,7 +166,7 @@ class RedisQueue(Queue):
             self._client = aioredis.Redis.from_url(
                 self.url,
                 decode_responses=True,
-                socket_timeout=5.0,
+                socket_timeout=None,  # see _OP_TIMEOUT_S
                 socket_connect_timeout=5.0,
                 retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
             )
@@ -157,12 +175,12 @@ class RedisQueue(Queue):
     def _dedicated(self) -> aioredis.Redis:
         # One connection per consumer, without redis-py's silent retries: the consumer must
         # see every reconnect to call on_reconnect. The name lets operators (and tests) find
-        # it in CLIENT LIST; the socket timeout must outlast the longest BRPOP.
+        # it in CLIENT LIST.
         return aioredis.Redis.from_url(
             self.url,
             decode_responses=True,
             single_connection_client=True,
-            socket_timeout=self.block_s + 5.0,
+            socket_timeout=None,  # see _OP_TIMEOUT_S
             socket_connect_timeout=5.0,
             retry=Retry(NoBackoff(), 0),
             client_name=f"{self.prefix}:consumer",
@@ -210,8 +228,9 @@ class RedisQueue(Queue):
         )
 
     async def start(self) -> None:
-        await self._shared().ping()
-        policy = await self._eviction_policy()
+        async with asyncio.timeout(_OP_TIMEOUT_S):
+            await self._shared().ping()
+            policy = await self._eviction_policy()
         if policy is None:
             log.warning(
                 "cannot read maxmemory-policy on Redis at %s (CONFIG and INFO refused): make "
@@ -226,7 +245,7 @@ class RedisQueue(Queue):
 
     async def health(self) -> list[str]:
         try:
-            async with asyncio.timeout(10.0):
+            async with asyncio.timeout(_OP_TIMEOUT_S):
                 await self._shared().ping()
                 policy = await self._eviction_policy()
         except (RedisError, OSError, TimeoutError) as exc:
@@ -243,17 +262,29 @@ class RedisQueue(Queue):
     async def publish(self, wakes: Sequence[Wake]) -> None:
         if not wakes:
             return
+        try:
+            await self._publish(wakes)
+        except RedisError as exc:
+            # redis-py's errors are not OSError/ConnectionError, which is what the relay
+            # treats as "leave the rows unsent and retry". That includes OOM refusals: under
+            # noeviction a full Redis refuses writes instead of dropping keys, as it should.
+            raise ConnectionError(f"Redis at {self._where()} refused the wakes: {exc}") from exc
+
+    async def _publish(self, wakes: Sequence[Wake]) -> None:
         client = self._shared()
         script = client.register_script(_PUBLISH)
-        retention_ms = str(max(1, round(self.retention_s * 1000)))
+        retention_ms = self.retention_s * 1000.0
         # Not a MULTI: each script is atomic on its own, and a batch that fails half way is
         # republished by the relay, where the dedup markers absorb the half that got through.
-        async with client.pipeline(transaction=False) as pipe:
+        async with asyncio.timeout(_OP_TIMEOUT_S), client.pipeline(transaction=False) as pipe:
             for w in wakes:
                 delay_ms = max(0.0, w.delay_s * 1000.0)
+                # The marker outlives the job by retention_s, like a kept completed BullMQ job,
+                # so a delayed wake stays deduplicated after it has been delivered too.
+                ttl_ms = max(1, math.ceil(delay_ms + retention_ms))
                 await script(
                     keys=[self.job_key(w.job_id), self.ready_key(w.lane), self.delayed_key(w.lane)],
-                    args=[w.to_json(), repr(delay_ms), retention_ms],
+                    args=[w.to_json(), repr(delay_ms), str(ttl_ms)],
                     client=pipe,
                 )
             await pipe.execute()
@@ -274,7 +305,9 @@ class RedisQueue(Queue):
         while True:
             conn = self._dedicated()
             try:
-                await conn.ping()
+                async with asyncio.timeout(_OP_TIMEOUT_S):
+                    await conn.ping()
+                _raise_if_cancel_was_swallowed()
                 if lost:
                     log.info("wake consumer reconnected to Redis at %s", self._where())
                     if on_reconnect is not None:
@@ -282,19 +315,21 @@ class RedisQueue(Queue):
                 lost, backoff = False, _BACKOFF_START_S
                 promote = conn.register_script(_PROMOTE)
                 while True:
-                    _moved, wait_ms = await promote(
-                        keys=pairs, args=[self.promote_batch], client=conn
-                    )
-                    timeout = self.block_s
-                    if int(wait_ms) >= 0:
-                        timeout = min(timeout, max(_MIN_BLOCK_S, int(wait_ms) / 1000))
-                    # Rotate the lanes: BRPOP serves the first non-empty list, so a fixed
-                    # order would let one busy lane starve the others.
-                    turn = (turn + 1) % len(ready)
-                    item = await conn.brpop(ready[turn:] + ready[:turn], timeout=timeout)
+                    async with asyncio.timeout(self.block_s + _OP_TIMEOUT_S):
+                        _moved, wait_ms = await promote(
+                            keys=pairs, args=[self.promote_batch], client=conn
+                        )
+                        timeout = self.block_s
+                        if int(wait_ms) >= 0:
+                            timeout = min(timeout, max(_MIN_BLOCK_S, int(wait_ms) / 1000))
+                        # Rotate the lanes: BRPOP serves the first non-empty list, so a fixed
+                        # order would let one busy lane starve the others.
+                        turn = (turn + 1) % len(ready)
+                        item = await conn.brpop(ready[turn:] + ready[:turn], timeout=timeout)
                     if item is not None:
                         self._deliver(item[1], on_wake)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                    _raise_if_cancel_was_swallowed()
+            except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
                 log.warning("wake consumer lost Redis at %s (%s); reconnecting", self._where(), exc)
                 lost = True
             except RedisError as exc:
