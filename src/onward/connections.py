@@ -73,7 +73,7 @@ class Integrations:
     ) -> None:
         get_connector_class(provider)  # refuse an unknown provider before storing anything
         await self._one(
-            Q.upsert + " RETURNING connection_id",
+            Q.upsert,
             {
                 "org_id": org_id,
                 "connection_id": connection_id,
@@ -125,7 +125,7 @@ class Integrations:
         except StepError as exc:
             return str(exc)
         await self._one(
-            Q.mark_checked + " RETURNING connection_id",
+            Q.mark_checked,
             {"org_id": org_id, "connection_id": connection_id},
         )
         return None
@@ -135,7 +135,7 @@ class Integrations:
         self, org_id: str, contact: str, reason: str, channel: str = "email"
     ) -> None:
         await self._one(
-            Q.suppress + " RETURNING contact",
+            Q.suppress,
             {"org_id": org_id, "contact": contact, "channel": channel, "reason": reason},
         )
 

@@ -6,7 +6,8 @@ INSERT INTO connections (org_id, connection_id, provider, base_url, account, sec
 VALUES (%(org_id)s, %(connection_id)s, %(provider)s, %(base_url)s, %(account)s, %(secret)s)
 ON CONFLICT (org_id, connection_id) DO UPDATE
 SET provider = EXCLUDED.provider, base_url = EXCLUDED.base_url, account = EXCLUDED.account,
-    secret = EXCLUDED.secret, updated_at = now();
+    secret = EXCLUDED.secret, updated_at = now()
+RETURNING connection_id;
 
 -- name: get
 -- One connection.
@@ -66,7 +67,8 @@ SELECT run_id, seq FROM s;
 -- name: mark_checked
 -- A health probe answered.
 UPDATE connections SET checked_at = now()
-WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;
+WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
+RETURNING connection_id;
 
 -- name: pending_notifications
 -- Notifications not yet delivered by the hook.
@@ -77,7 +79,8 @@ WHERE org_id = %(org_id)s AND delivered_at IS NULL ORDER BY notification_id;
 -- Add a contact to the suppression list (unsubscribe, complaint, erasure).
 INSERT INTO suppressions (org_id, contact, channel, reason)
 VALUES (%(org_id)s, lower(%(contact)s), %(channel)s, %(reason)s)
-ON CONFLICT (org_id, contact, channel) DO UPDATE SET reason = EXCLUDED.reason;
+ON CONFLICT (org_id, contact, channel) DO UPDATE SET reason = EXCLUDED.reason
+RETURNING contact;
 
 -- name: suppression
 -- Why a contact must not be contacted on a channel, if they must not.

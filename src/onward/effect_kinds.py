@@ -90,8 +90,23 @@ async def email_send(step: StepContext) -> Advance:
     p: EmailParams = step.params
     to = _render(step, p.to)
     integ = _integrations(step)
+    # An earlier attempt may already have sent it: then it was sent, whatever consent says now.
+    prior = await integ.effects.read(step.org_id, step.effect_key)
+    if prior is not None and prior["status"] == "settled":
+        result = dict(prior["result"] or {})
+        return Advance(output={"sent": True, "message_id": result.get("id"), "result": result})
     refused = await integ.suppression(step.org_id, to, "email")
     if refused is not None:
+        if prior is not None:  # an attempt began: find out whether it went out before skipping
+            connector = await integ.connector(step.org_id, p.connection)
+            found = (
+                await connector.reconcile(step.effect_key) if connector.supports_reconcile else None
+            )
+            if found is not None:
+                result = await integ.effects.settle_found(step, connector, found)
+                return Advance(
+                    output={"sent": True, "message_id": result.get("id"), "result": result}
+                )
         reason = f"{to} must not be emailed: {refused.reason} (checked at send time)"
         return Advance(output={"sent": False, "reason": reason}, skipped=reason)
     result = await _effect(

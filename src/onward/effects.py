@@ -56,6 +56,17 @@ class Effects:
             row: dict[str, Any] | None = await cur.fetchone()
             return row
 
+    async def read(self, org_id: str, key: str) -> dict[str, Any] | None:
+        """The effect row as it stands (None if no attempt ever claimed it)."""
+        return await self._one(Q.read, {"org_id": org_id, "effect_key": key})
+
+    async def settle_found(
+        self, step: StepContext, connector: Connector, found: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Record a result found by reconciliation."""
+        args = {"org_id": step.org_id, "effect_key": step.effect_key}
+        return await self._settle(args, found)
+
     async def run(
         self,
         step: StepContext,

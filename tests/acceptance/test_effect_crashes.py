@@ -10,7 +10,9 @@ by the test with SIGKILL while the provider call is open:
 * during the call, before the provider acted (sandbox latency; killed once the effect's own
   heartbeat proves the request is out), and during the call after the provider acted
   (``hang_after_work``; killed once the ledger shows the work);
-* after the call, before the settle (``effect.after_call``).
+* after the call, before the settle (``effect.after_call``);
+* after the effect settled, before the step did (``worker.before_settle``): the replay reads the
+  recorded result -- and must still record it as sent if the contact unsubscribed meanwhile.
 
 For the email provider (idempotency key + search by metadata) the second process reconciles or
 repeats the same key: the ledger holds EXACTLY ONE message for the effect key every time. For

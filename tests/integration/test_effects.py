@@ -77,7 +77,8 @@ def send_step(flow: Automation, step_id: str = "send", **changes: Any) -> Automa
 
 async def publish_send_once(engine: Engine, automation_id: str = "send-once") -> str:
     flow = send_step(Automation(automation_id)).step("after", "set", values={"done": "true"})
-    return (await engine.publish(flow.build())).automation_id
+    published = await engine.publish(flow.build())
+    return str(published.automation_id)
 
 
 # -- rows --------------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ def context(run_id: str, step_id: str, kind: str, *, attempt: int = 1) -> StepCo
     )
 
 
-RACES = {
+RACES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "payment": ("POST", "/payment/charges", {"amount": 4200, "currency": "eur", "customer": "c"}),
     "email": ("POST", "/email/messages", {"from": "a@b.test", "to": MAYA, "subject": "Hi"}),
 }
@@ -339,11 +340,14 @@ async def test_a_loop_that_sends_three_emails_sends_three(
     assert [(e["effect_key"], e["status"], e["attempts"]) for e in effects_of(sql, run_id)] == [
         (key, "settled", 1) for key in keys
     ]
-    sends = sql.execute(
-        "SELECT iteration, status, output FROM steps WHERE org_id = %s AND run_id = %s"
-        " AND step_id = 'send' ORDER BY seq",
-        (ORG, run_id),
-    ).fetchall()
+    sends = [
+        dict(r)
+        for r in sql.execute(
+            "SELECT iteration, status, output FROM steps WHERE org_id = %s AND run_id = %s"
+            " AND step_id = 'send' ORDER BY seq",
+            (ORG, run_id),
+        ).fetchall()
+    ]
     assert [(s["iteration"], s["status"]) for s in sends] == [(1, "done"), (2, "done"), (3, "done")]
     assert [s["output"]["message_id"] for s in sends] == [e["response_id"] for e in entries]
 
@@ -362,7 +366,7 @@ async def test_an_unsubscribe_between_enrolment_and_send_means_no_email_and_says
     async with engine.running():
 
         async def both_waiting() -> bool:
-            return await engine.status(maya) == await engine.status(sam) == "waiting"
+            return {await engine.status(maya), await engine.status(sam)} == {"waiting"}
 
         await eventually(both_waiting, timeout=10, what="both runs waiting before the send")
         # enrolled while eligible; Maya unsubscribes before her send step runs
@@ -475,7 +479,7 @@ async def run_send_once(engine: Engine, event_id: str) -> str:
     run_id = (await engine.start("send-once", {"name": "Maya"}, event_id=event_id)).run_id
     async with engine.running():
         assert await engine.wait(run_id, timeout=30) == "completed"
-    return run_id
+    return str(run_id)
 
 
 async def test_a_503_is_retried_and_the_second_attempt_sends_once(

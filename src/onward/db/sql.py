@@ -22,7 +22,8 @@ def load(package: str, filename: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise ValueError(f"{package}/{filename}: query {name!r} is defined twice")
-        queries[name] = body.strip()
+        # no trailing ";": callers may compose (EXPLAIN ...) and psycopg needs none
+        queries[name] = body.strip().rstrip(";").rstrip()
     return queries
 
 
