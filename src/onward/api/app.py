@@ -36,6 +36,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -415,7 +416,57 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         """One run on one screen: the run, its steps and its ordered history (R17)."""
         return await org.show(run_id)
 
+    # -- connections and consent (R14, R15) ---------------------------------------------------
+
+    @app.post("/v1/connections", status_code=201, tags=["connections"])
+    async def add_connection(body: ConnectionIn, org: OrgDep) -> dict[str, Any]:
+        """Connect an account (or replace its credentials). The secret is never returned."""
+        try:
+            await org.engine.integrations.add_connection(
+                org.org_id,
+                body.connection_id,
+                provider=body.provider,
+                base_url=body.base_url,
+                account=body.account,
+                secret=body.secret,
+            )
+        except KeyError as exc:
+            raise HTTPException(422, str(exc).strip("'\"")) from None
+        return {"connection_id": body.connection_id, "provider": body.provider}
+
+    @app.post("/v1/connections/{connection_id}/restore", tags=["connections"])
+    async def restore_connection(connection_id: str, org: OrgDep) -> dict[str, Any]:
+        """The account was reconnected: every run parked on it resumes from the same step."""
+        resumed = await org.engine.integrations.restore(org.org_id, connection_id)
+        return {"connection_id": connection_id, "resumed": [r["run_id"] for r in resumed]}
+
+    @app.post("/v1/connections/{connection_id}/probe", tags=["connections"])
+    async def probe_connection(connection_id: str, org: OrgDep) -> dict[str, Any]:
+        """Check the connection ahead of time; a refused one is marked broken."""
+        problem = await org.engine.integrations.probe(org.org_id, connection_id)
+        return {"connection_id": connection_id, "healthy": problem is None, "problem": problem}
+
+    @app.post("/v1/suppressions", status_code=201, tags=["consent"])
+    async def suppress(body: SuppressionIn, org: OrgDep) -> dict[str, Any]:
+        """Never contact this person on this channel again (checked at send time)."""
+        await org.engine.integrations.suppress(org.org_id, body.contact, body.reason, body.channel)
+        return {"contact": body.contact.lower(), "channel": body.channel}
+
     return app
+
+
+class ConnectionIn(BaseModel):
+    connection_id: str = Field(min_length=1, max_length=128)
+    provider: str
+    base_url: str
+    account: str
+    secret: str = Field(repr=False)
+
+
+class SuppressionIn(BaseModel):
+    contact: str = Field(min_length=1, max_length=320)
+    reason: str = Field(min_length=1, max_length=500)
+    channel: str = "email"
 
 
 # -- a uvicorn factory -------------------------------------------------------------------------
