@@ -1,0 +1,592 @@
+"""``onward bench throughput``: steps per second of W worker processes, beside the ceiling.
+
+One sitting, on a scratch database, in this order:
+
+1. **starts**: N runs of a 3-step automation of no-op ``set`` steps are started through the
+   library (``Engine.start``, ``starters`` at once) while W worker processes wait, idle.
+2. **drain**: the workers (lane ``fast`` only, a big claim batch, eager continuation, relay and
+   sweeper on, as ``onward worker`` runs them) are told to go and drain the N runs. Measured:
+   steps/s, runs/s, each run's latency from its first claim to its completion, commits per
+   step (``pg_stat_database.xact_commit`` of the scratch database: every transaction, read-only
+   ones too), write transactions per step (``txid_current()`` deltas, cluster-wide), WAL bytes
+   per step, CPU milliseconds per step of the workers and of the server, and each worker's
+   peak RSS (``VmHWM``).
+3. **ceiling**: the same number of claim/settle transactions issued by a plain psycopg loop
+   (W processes x C connections, the connections the workers hold): minimal statements on a
+   steps-shaped scratch table (median of ``reps``), then onward's own claim and settle SQL
+   replayed on real runs without the worker around it (the database's share of the engine).
+   pgbench runs the same two statements at 1, W and W x C clients.
+4. **live**: W fresh workers run while N more runs are started: start-to-completion latency.
+
+The ratio printed is engine steps/s over the minimal loop's steps/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from onward import ids
+from onward.automations.builder import Automation
+from onward.bench import median, percentile
+from onward.bench.ceiling import (
+    cpu_delta,
+    cpu_snapshot,
+    db_counters,
+    db_delta,
+    find_pgbench,
+    pgbench,
+    polling,
+    prepare_minimal,
+    prepare_pgbench,
+    settle_stats,
+    table_delta,
+    vm_kb,
+)
+from onward.bench.db import scratch_database
+from onward.bench.proc import Child, warm_pool
+from onward.config import Settings
+from onward.engine import Engine
+from onward.start import Q as START_Q
+
+AUTOMATION = "bench-throughput"
+STEPS = 3
+FLOW = (
+    Automation(AUTOMATION)
+    .step("s1", "set", values={"v1": "1"})
+    .step("s2", "set", values={"v2": "2"})
+    .step("s3", "set", values={"v3": "3"})
+    .build()
+)
+TARGET_STEPS_PER_S = 1500.0
+TARGET_RSS_MB = 150.0
+
+
+def _settings(url: str, org: str) -> Settings:
+    return Settings(database_url=url, org_id=org, queue="postgres")
+
+
+# -- starting runs through the library ---------------------------------------------------------
+
+
+async def _start_many(
+    engine: Engine, n: int, concurrency: int, prefix: str, latencies: list[float]
+) -> None:
+    counter = iter(range(n))
+
+    async def one_client() -> None:
+        for i in counter:
+            t0 = time.perf_counter()
+            await engine.start(AUTOMATION, {"i": i}, event_id=f"{prefix}{i}")
+            latencies.append((time.perf_counter() - t0) * 1000.0)
+
+    await asyncio.gather(*(one_client() for _ in range(concurrency)))
+
+
+async def _publish(url: str, orgs: list[str]) -> None:
+    for org in orgs:
+        async with Engine.open(_settings(url, org), migrate=False, start_queue=False) as engine:
+            await engine.publish(FLOW)
+
+
+async def _starts(url: str, org: str, n: int, concurrency: int, pool: int) -> dict[str, Any]:
+    async with Engine.open(
+        _settings(url, org), migrate=False, pool_size=pool, start_queue=False
+    ) as engine:
+        await warm_pool(engine.pool, pool)
+        await engine.start(AUTOMATION, {"i": -1}, event_id="e-1")  # the first of the N: warm-up
+        lat: list[float] = []
+        t0 = time.perf_counter()
+        await _start_many(engine, n - 1, concurrency, "e", lat)
+        elapsed = time.perf_counter() - t0
+    return {
+        "starts": n - 1,
+        "concurrency": concurrency,
+        "elapsed_s": round(elapsed, 3),
+        "starts_per_s": round((n - 1) / elapsed, 1),
+        "latency_ms_p50": round(median(lat), 2),
+        "latency_ms_p99": round(percentile(lat, 99), 2),
+    }
+
+
+# -- worker processes ----------------------------------------------------------------------------
+
+
+def _spawn_workers(url: str, org: str, o: dict[str, Any]) -> list[Child]:
+    args = [
+        "worker",
+        "--url",
+        url,
+        "--org",
+        org,
+        "--lanes",
+        f"fast={o['capacity']}",
+        "--batch",
+        str(o["batch"]),
+        "--pool",
+        str(o["conns"]),
+        "--automation",
+        AUTOMATION,
+        "--count-sql",
+    ]
+    for what in o.get("what_if") or []:
+        for part in what.split("+"):  # "a+b": both changes at once
+            args += ["--what-if", part]
+    children = [Child(*args) for _ in range(o["workers"])]
+    for c in children:
+        c.wait_ready()
+    return children
+
+
+def _wait_finished(poll: Any, org: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = poll.scalar(
+            "SELECT count(*) FROM runs WHERE org_id = %s AND finished_at IS NULL", (org,)
+        )
+        if left == 0:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{left} runs of {org!r} unfinished after {timeout:.0f}s")
+        time.sleep(0.01)
+
+
+def _drain(url: str, o: dict[str, Any], org: str = "bench") -> dict[str, Any]:
+    n = o["runs"]
+    children = _spawn_workers(url, org, o)
+    try:
+        starts = asyncio.run(_starts(url, org, n, o["starters"], o["conns"]))
+        settle_stats()
+        db0 = db_counters(url)
+        with polling(url) as poll:
+            cpu0 = cpu_snapshot()
+            for c in children:
+                c.send("go")
+            _wait_finished(poll, org, timeout=120 + n * 0.05)
+            cpu1 = cpu_snapshot()
+            hwm = [round(_hwm_mb(c.pid), 1) for c in children]
+        for c in children:
+            c.send("stop")
+        done = [c.finish() for c in children]
+    finally:
+        for c in children:
+            c.kill()
+    settle_stats()
+    db1 = db_counters(url)
+    commits = db_delta(db0, db1, own=poll.count)
+    tables0 = db0.tables
+    cpu = cpu_delta(cpu0, cpu1)
+    with psycopg.connect(url, autocommit=True) as conn:
+        steps = conn.execute(
+            "SELECT count(*) FROM steps WHERE org_id = %s AND status = 'done'", (org,)
+        ).fetchone()
+        lat_rows = conn.execute(
+            """
+            SELECT extract(epoch FROM r.finished_at - c.at)::float8 * 1000,
+                   c.at, r.finished_at
+            FROM runs r
+            JOIN LATERAL (
+                SELECT min(h.at) AS at FROM history h
+                WHERE h.org_id = r.org_id AND h.run_id = r.run_id
+                  AND h.event = 'step_claimed' AND h.seq = 1
+            ) c ON true
+            WHERE r.org_id = %s
+            """,
+            (org,),
+        ).fetchall()
+    executed = int(steps[0]) if steps else 0
+    lat = [r[0] for r in lat_rows]
+    db_window = (
+        (max(r[2] for r in lat_rows) - min(r[1] for r in lat_rows)).total_seconds()
+        if lat_rows
+        else 0.0
+    )
+    elapsed = cpu["wall_s"]
+    worker_cpu = sum(d["cpu_s"] for d in done)
+    stats = [d["stats"] for d in done]
+    return {
+        "starts": starts,
+        "engine": {
+            "runs": n,
+            "steps": executed,
+            "elapsed_s": round(elapsed, 3),
+            "db_window_s": round(db_window, 3),
+            "steps_per_s": round(executed / elapsed, 1),
+            "runs_per_s": round(n / elapsed, 1),
+            "tx_per_s": round(commits["commits"] / elapsed, 1),
+            "run_latency_ms_p50": round(median(lat), 1),
+            "run_latency_ms_p99": round(percentile(lat, 99), 1),
+            **_per_step(commits, cpu, worker_cpu, executed),
+            "claimed": sum(s["claimed"] for s in stats),
+            "eager": sum(s["eager"] for s in stats),
+            "lost": sum(s["lost"] for s in stats),
+            "relayed": sum(d["relayed"] for d in done),
+            "worker_rss_mb": [round(d["vm_hwm_kb"] / 1024, 1) for d in done] or hwm,
+            "statements": _merge_statements([d.get("statements") or {} for d in done], executed),
+            "tables": table_delta(tables0, db1.tables, executed),
+        },
+    }
+
+
+def _merge_statements(reports: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Statements the workers sent while the clock ran, per step, and the mean time awaited."""
+    total: dict[str, list[float]] = {}
+    for rep in reports:
+        for label, v in rep.items():
+            t = total.setdefault(label, [0, 0.0])
+            t[0] += v["n"]
+            t[1] += v["ms"]
+    s = max(steps, 1)
+    return {
+        label: {"n": int(n), "per_step": round(n / s, 3), "ms_avg": round(ms / max(n, 1), 3)}
+        for label, (n, ms) in sorted(total.items(), key=lambda kv: -kv[1][0])
+    }
+
+
+def _hwm_mb(pid: int) -> float:
+    return vm_kb(pid, "VmHWM") / 1024
+
+
+def _per_step(
+    commits: dict[str, int], cpu: dict[str, Any], client_cpu: float, steps: int
+) -> dict[str, Any]:
+    s = max(steps, 1)
+    return {
+        "commits": commits["commits"],
+        "commits_per_step": round(commits["commits"] / s, 3),
+        "xids_per_step": round(commits["xids"] / s, 3),
+        "wal_bytes_per_step": round(commits["wal_bytes"] / s),
+        "client_cpu_ms_per_step": round(client_cpu * 1000 / s, 3),
+        "pg_cpu_ms_per_step": round(cpu["pg_cpu_s"] * 1000 / s, 3),
+        "machine_busy": cpu["machine_busy"],
+    }
+
+
+# -- the ceiling loops ---------------------------------------------------------------------------
+
+
+def _prepare_replay(url: str, n: int, rep: int) -> None:
+    """N real runs (lane ``io``, org ``replay``) for onward's own SQL to drain, made in one
+    transaction with the start statement itself; their wakes are marked sent (no relay runs)."""
+    args = [
+        {
+            "org_id": "replay",
+            "run_id": ids.new_run_id(),
+            "automation_id": "bench-replay",
+            "version": 1,
+            "start_key": f"replay:{rep}:{i}",
+            "start_key_kind": "caller",
+            "input": Jsonb({"i": i}),
+            "step_id": "s1",
+            "kind": "set",
+            "lane": "io",
+            "max_steps": 1000,
+            "max_age": 86400.0,
+            "contact_id": None,
+        }
+        for i in range(n)
+    ]
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.executemany(START_Q.start_run, args)
+        conn.execute(
+            "UPDATE outbox SET sent_at = now() WHERE org_id = 'replay' AND sent_at IS NULL"
+        )
+        conn.execute("ANALYZE steps")
+
+
+def _loop_tier(url: str, kind: str, o: dict[str, Any], rep: int) -> dict[str, Any]:
+    n = o["runs"]
+    if kind in ("minimal", "grouped"):
+        prepare_minimal(url, n)
+    else:
+        _prepare_replay(url, n, rep)
+    args = [
+        "loop",
+        "--url",
+        url,
+        "--kind",
+        kind,
+        "--conns",
+        str(o["conns"]),
+        "--batch",
+        str(o["loop_batch"]),
+        "--steps",
+        str(STEPS),
+    ]
+    children = [Child(*args) for _ in range(o["workers"])]
+    try:
+        for c in children:
+            c.wait_ready()
+        settle_stats()
+        db0 = db_counters(url)
+        cpu0 = cpu_snapshot()
+        for c in children:
+            c.send("go")
+        drained = [c.expect("drained", timeout=120 + n * 0.05) for c in children]
+        cpu1 = cpu_snapshot()
+        for c in children:
+            c.send("stop")
+        done = [c.finish() for c in children]
+    finally:
+        for c in children:
+            c.kill()
+    settle_stats()
+    db1 = db_counters(url)
+    commits = db_delta(db0, db1)
+    cpu = cpu_delta(cpu0, cpu1)
+    steps = sum(d["steps"] for d in done)
+    tables = table_delta(db0.tables, db1.tables, steps)
+    elapsed = max(d["elapsed_s"] for d in drained)
+    return {
+        "kind": kind,
+        "conns": o["workers"] * o["conns"],
+        "steps": steps,
+        "claims": sum(d["claims"] for d in done),
+        "elapsed_s": round(elapsed, 3),
+        "steps_per_s": round(steps / elapsed, 1),
+        "tx_per_s": round(commits["commits"] / elapsed, 1),
+        **_per_step(commits, cpu, sum(d["cpu_s"] for d in done), steps),
+        "tables": tables,
+    }
+
+
+# -- live: starts and drain at once ----------------------------------------------------------
+
+
+async def _live_starts(url: str, n: int, concurrency: int, pool: int) -> float:
+    async with Engine.open(
+        _settings(url, "live"), migrate=False, pool_size=pool, start_queue=False
+    ) as engine:
+        await warm_pool(engine.pool, pool)
+        lat: list[float] = []
+        t0 = time.perf_counter()
+        await _start_many(engine, n, concurrency, "l", lat)
+        return time.perf_counter() - t0
+
+
+def _live(url: str, o: dict[str, Any]) -> dict[str, Any]:
+    n = o["runs"]
+    children = _spawn_workers(url, "live", o)
+    try:
+        t0 = time.perf_counter()
+        for c in children:
+            c.send("go")
+        start_s = asyncio.run(_live_starts(url, n, o["starters"], o["conns"]))
+        with polling(url) as poll:
+            _wait_finished(poll, "live", timeout=120 + n * 0.05)
+        elapsed = time.perf_counter() - t0
+        for c in children:
+            c.send("stop")
+        for c in children:
+            c.finish()
+    finally:
+        for c in children:
+            c.kill()
+    with psycopg.connect(url, autocommit=True) as conn:
+        lat = [
+            r[0]
+            for r in conn.execute(
+                "SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000 FROM runs "
+                "WHERE org_id = 'live'"
+            )
+        ]
+    return {
+        "runs": n,
+        "elapsed_s": round(elapsed, 3),
+        "starts_per_s": round(n / start_s, 1),
+        "runs_per_s": round(n / elapsed, 1),
+        "steps_per_s": round(n * STEPS / elapsed, 1),
+        "latency_ms_p50": round(median(lat), 1),
+        "latency_ms_p99": round(percentile(lat, 99), 1),
+    }
+
+
+# -- the bench -----------------------------------------------------------------------------------
+
+
+def run(
+    admin_url: str,
+    *,
+    quick: bool = False,
+    runs: int | None = None,
+    workers: int | None = None,
+    conns: int | None = None,
+    batch: int | None = None,
+    capacity: int | None = None,
+    starters: int | None = None,
+    reps: int | None = None,
+    live: bool = True,
+    what_if: list[str] | None = None,
+) -> dict[str, Any]:
+    """``what_if`` (diagnosis, from Python only): extra drains, each with one change patched
+    into the worker processes (see ``onward.bench.proc.WHAT_IF``), printed as extra rows."""
+    o: dict[str, Any] = {
+        "runs": runs or (30 if quick else 2_000),
+        "workers": workers or (1 if quick else 2),
+        "conns": conns or (2 if quick else 10),
+        "batch": batch or (32 if quick else 128),
+        "capacity": capacity or (32 if quick else 128),
+        "loop_batch": 32,
+        "starters": starters or (4 if quick else 16),
+        "reps": reps or (1 if quick else 3),
+    }
+    n, w, c = o["runs"], o["workers"], o["conns"]
+    res: dict[str, Any] = {"bench": "throughput", "steps_per_run": STEPS, "options": o}
+    extra = list(what_if or [])
+    with scratch_database(admin_url, "throughput") as url:
+        asyncio.run(_publish(url, ["bench", "live"] + [f"whatif{i}" for i in range(len(extra))]))
+        res.update(_drain(url, o))
+        res["what_if"] = [
+            {"what_if": w_if, **_drain(url, {**o, "what_if": [w_if]}, org=f"whatif{i}")["engine"]}
+            for i, w_if in enumerate(extra)
+        ]
+        loops = [_loop_tier(url, "minimal", o, rep) for rep in range(o["reps"])]
+        loops.sort(key=lambda r: r["steps_per_s"])
+        ceiling = loops[len(loops) // 2]
+        res["ceiling"] = {
+            "loop": ceiling,
+            "loop_steps_per_s_all": [r["steps_per_s"] for r in loops],
+            "engine_sql": _loop_tier(url, "engine", o, 0),
+            "grouped": _loop_tier(url, "grouped", o, 0),
+        }
+        pg: list[dict[str, Any]] = []
+        if find_pgbench() is not None:
+            prepare_pgbench(url)
+            clients = sorted({1, w} if quick else {1, w, w * c})
+            for script in ("update_returning", "settle_insert_cte"):
+                for k in clients:
+                    pg.append(pgbench(url, script, k, min(n * STEPS, 60) if quick else n * STEPS))
+        res["ceiling"]["pgbench"] = pg
+        if live:
+            res["live"] = _live(url, o)
+    eng = res["engine"]
+    ceil_sps = ceiling["steps_per_s"]
+    rss = max(eng["worker_rss_mb"], default=0.0)
+    res["ratio"] = round(eng["steps_per_s"] / ceil_sps, 3) if ceil_sps else None
+    res["ratio_to_engine_sql"] = round(
+        eng["steps_per_s"] / max(res["ceiling"]["engine_sql"]["steps_per_s"], 1e-9), 3
+    )
+    sps = eng["steps_per_s"]
+    res["targets"] = {
+        "steps_per_s_at_least": TARGET_STEPS_PER_S,
+        "min_steps_ok": sps >= TARGET_STEPS_PER_S,
+        "half_ceiling": round(ceil_sps / 2, 1),
+        "half_ceiling_ok": sps >= ceil_sps / 2,
+        "steps_per_s_ok": sps >= max(TARGET_STEPS_PER_S, ceil_sps / 2),
+        "rss_mb_below": TARGET_RSS_MB,
+        "rss_ok": rss < TARGET_RSS_MB,
+    }
+    return res
+
+
+def render(res: dict[str, Any]) -> str:
+    o, st, eng, ceil = res["options"], res["starts"], res["engine"], res["ceiling"]
+    w, c = o["workers"], o["conns"]
+    lines = [
+        f"throughput: {o['runs']} runs x {res['steps_per_run']} no-op set steps; {w} worker "
+        f"processes x {c} connections (lane fast={o['capacity']}, claim batch {o['batch']}, "
+        "eager, relay + sweeper on)",
+        f"starts (library, {st['concurrency']} at once): {st['starts_per_s']:.0f} starts/s, "
+        f"p50 {st['latency_ms_p50']:.1f} ms, p99 {st['latency_ms_p99']:.1f} ms",
+        "",
+        f"{'tier':<34} {'conns':>5} {'steps/s':>8} {'tx/s':>7} {'commits':>8} {'xids':>6} "
+        f"{'WAL B':>6} {'pg CPU':>7} {'py CPU':>7} {'busy':>5}",
+        f"{'':<34} {'':>5} {'':>8} {'':>7} {'/step':>8} {'/step':>6} {'/step':>6} "
+        f"{'ms/st':>7} {'ms/st':>7} {'':>5}",
+    ]
+
+    def row(name: str, conns: int, r: dict[str, Any]) -> str:
+        busy = r.get("machine_busy")
+        return (
+            f"{name:<34} {conns:>5} {r['steps_per_s']:>8.0f} {r['tx_per_s']:>7.0f} "
+            f"{r['commits_per_step']:>8.3f} {r['xids_per_step']:>6.3f} "
+            f"{r['wal_bytes_per_step']:>6} {r['pg_cpu_ms_per_step']:>7.3f} "
+            f"{r['client_cpu_ms_per_step']:>7.3f} {(busy or 0) * 100:>4.0f}%"
+        )
+
+    lines.append(row("onward workers (drain)", w * c, eng))
+    for wi in res.get("what_if") or []:
+        lines.append(row(f"  what-if: {wi['what_if']}", w * c, wi))
+    lines.append(row("ceiling: psycopg loop, minimal SQL", ceil["loop"]["conns"], ceil["loop"]))
+    es = ceil["engine_sql"]
+    lines.append(row("psycopg loop, onward's SQL", es["conns"], es))
+    gr = ceil.get("grouped")
+    if gr:
+        lines.append(row(f"  beyond: {o['loop_batch']} settles/statement", gr["conns"], gr))
+    lines.append(
+        f"  minimal loop steps/s over {len(ceil['loop_steps_per_s_all'])} reps: "
+        f"{ceil['loop_steps_per_s_all']} (median used)"
+    )
+    lines.append("")
+    lines.append(
+        f"engine / ceiling: {res['ratio']:.2f}   engine / onward's SQL alone: "
+        f"{res['ratio_to_engine_sql']:.2f}   onward's SQL / ceiling: "
+        f"{es['steps_per_s'] / max(ceil['loop']['steps_per_s'], 1e-9):.2f}"
+    )
+    lines.append(
+        f"engine: {eng['steps']} steps in {eng['elapsed_s']:.2f} s (database clock: "
+        f"{eng['db_window_s']:.2f} s): {eng['steps_per_s']:.0f} steps/s, "
+        f"{eng['runs_per_s']:.0f} runs/s; run latency first claim -> completed "
+        f"p50 {eng['run_latency_ms_p50']:.1f} ms, p99 {eng['run_latency_ms_p99']:.1f} ms"
+    )
+    lines.append(
+        f"        claimed {eng['claimed']}, eager {eng['eager']}, lost {eng['lost']}, "
+        f"relayed {eng['relayed']}; worker peak RSS {eng['worker_rss_mb']} MB"
+    )
+    if eng.get("statements"):
+        lines.append(
+            "        statements the workers sent while the clock ran (per step, mean ms awaited):"
+        )
+        for label, v in eng["statements"].items():
+            lines.append(f"          {v['per_step']:>7.3f}  {v['ms_avg']:>7.2f} ms  {label}")
+    lines.append(
+        "        rows written per step (inserted / updated, share of updates that were HOT):"
+    )
+    for tier, r in (("onward workers", eng), ("onward's SQL", es), ("minimal", ceil["loop"])):
+        cells = [
+            f"{name} {v['ins_per_step']:.2f}/{v['upd_per_step']:.2f}"
+            + (f" HOT {v['hot_share'] * 100:.0f}%" if v["upd_per_step"] else "")
+            for name, v in r.get("tables", {}).items()
+        ]
+        lines.append(f"          {tier:<15} " + "; ".join(cells))
+    if "live" in res:
+        lv = res["live"]
+        lines.append(
+            f"live (starts and workers at once): {lv['runs']} runs in {lv['elapsed_s']:.2f} s, "
+            f"{lv['runs_per_s']:.0f} runs/s, {lv['steps_per_s']:.0f} steps/s, starts "
+            f"{lv['starts_per_s']:.0f}/s; start -> completed p50 {lv['latency_ms_p50']:.1f} ms, "
+            f"p99 {lv['latency_ms_p99']:.1f} ms"
+        )
+    if ceil["pgbench"]:
+        lines.append("")
+        lines.append(
+            f"pgbench (same sitting): {'script':<20} {'clients':>7} {'tps':>8} {'lat ms':>7}"
+        )
+        for p in ceil["pgbench"]:
+            if "error" in p:
+                lines.append(f"{'':<24}{p['script']:<20} {p['clients']:>7} error: {p['error']}")
+            else:
+                lines.append(
+                    f"{'':<24}{p['script']:<20} {p['clients']:>7} {p['tps']:>8.0f} "
+                    f"{p['latency_ms']:>7.2f}"
+                )
+    t = res["targets"]
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    lines.append("")
+    lines.append(
+        f"targets: steps/s >= half the ceiling ({t['half_ceiling']:.0f}): "
+        f"{met(t['half_ceiling_ok'])}; steps/s >= {t['steps_per_s_at_least']:.0f}: "
+        f"{met(t['min_steps_ok'])}; worker RSS < {t['rss_mb_below']:.0f} MB: {met(t['rss_ok'])}"
+    )
+    return "\n".join(lines)
+
+
+__all__ = ["render", "run"]

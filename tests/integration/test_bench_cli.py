@@ -1,0 +1,73 @@
+"""`onward bench throughput --quick` and `onward bench start --quick` as real commands.
+
+These prove the commands work and their figures hang together; they assert no timing target
+(the benches never run as timed tests: these machines are shared and noisy)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+
+def _bench(db_url: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "onward.cli", "--database-url", db_url, "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str) -> None:
+    res = _bench(db_url, "throughput", "--quick", "--json")
+    runs, steps_per_run = res["options"]["runs"], res["steps_per_run"]
+    eng = res["engine"]
+    # every run drained, every step executed once, none lost
+    assert eng["runs"] == runs and eng["steps"] == runs * steps_per_run
+    assert eng["claimed"] == runs and eng["eager"] == runs * (steps_per_run - 1)
+    assert eng["lost"] == 0
+    assert eng["steps_per_s"] > 0 and eng["runs_per_s"] > 0
+    assert 0 < eng["run_latency_ms_p50"] <= eng["run_latency_ms_p99"]
+    # measured, not guessed: at least one commit and one transaction id per step
+    assert eng["commits_per_step"] >= 1.0 and eng["xids_per_step"] >= 1.0
+    assert eng["statements"]["leases.settle_advance"]["per_step"] == 1.0
+    assert "history" in eng["tables"] and "runs" in eng["tables"]
+    assert eng["worker_rss_mb"] and all(0 < mb < 1024 for mb in eng["worker_rss_mb"])
+    assert res["starts"]["starts_per_s"] > 0
+    # the ceiling: the same number of steps by the plain loops, in the same sitting
+    loop, sql = res["ceiling"]["loop"], res["ceiling"]["engine_sql"]
+    for tier in (loop, sql):
+        assert tier["steps"] == runs * steps_per_run and tier["steps_per_s"] > 0
+        assert 1.0 <= tier["commits_per_step"] < 2.0
+    grouped = res["ceiling"]["grouped"]  # settles grouped per statement: under one commit a step
+    assert grouped["steps"] == runs * steps_per_run and grouped["commits_per_step"] < 1.0
+    assert res["ratio"] == round(eng["steps_per_s"] / loop["steps_per_s"], 3)
+    for p in res["ceiling"]["pgbench"]:  # empty only where no pgbench is installed
+        assert "error" not in p, p
+        assert p["tps"] > 0
+    live = res["live"]
+    assert live["runs"] == runs and live["latency_ms_p50"] > 0
+    assert set(res["targets"]) >= {"steps_per_s_ok", "rss_ok"}
+
+
+def test_bench_start_quick_counts_each_duplicate_once(db_url: str) -> None:
+    res = _bench(db_url, "start", "--quick", "--json")
+    n = res["requests"]
+    wh = res["webhook"]
+    assert wh["requests"] == n and wh["per_s"] > 0
+    assert wh["statuses"] == {"202": n // 2, "200": n // 2}
+    assert wh["created"] == wh["duplicates"] == wh["runs_in_database"] == n // 2
+    assert wh["duplicate_run_id_mismatches"] == 0 and wh["consistent"] is True
+    lib = res["library"]
+    assert lib["new"]["created"] == lib["new"]["requests"] > 0
+    assert lib["duplicate"]["created"] == 0
+    assert lib["sequential"]["per_s"] > 0
+    assert res["sql_loop"]["per_s"] > 0
+    for p in res["pgbench"]:
+        assert "error" not in p, p
+        assert p["tps"] > 0
