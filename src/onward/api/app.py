@@ -70,12 +70,12 @@ EVENT_ID_HEADERS = ("x-event-id", "idempotency-key")
 # -- the organisation of a request (the one place tenancy will change) ----------------------
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
 
 
-def current_org(engine: Annotated[Engine, Depends(get_engine)]) -> str:
+async def current_org(engine: Annotated[Engine, Depends(get_engine)]) -> str:
     """The organisation this request acts for. Today: the engine's own (``ONWARD_ORG``)."""
     return engine.org_id
 
@@ -115,7 +115,7 @@ class Org:
             return list(await cur.fetchall())
 
 
-def get_org(
+async def get_org(
     engine: Annotated[Engine, Depends(get_engine)], org_id: Annotated[str, Depends(current_org)]
 ) -> Org:
     return Org(engine, org_id)

@@ -7,7 +7,6 @@ becomes version N+1. Runs record the version they started on and finish on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -55,11 +54,6 @@ async def publish(
             Q.insert_version, {**args, "version": version, "document": Jsonb(doc.canonical())}
         )
     return Published(doc.id, version, digest, created=True)
-
-
-@lru_cache(maxsize=1024)
-def _parse(org_id: str, automation_id: str, version: int, raw: str) -> AutomationDoc:
-    return AutomationDoc.model_validate_json(raw)
 
 
 async def load_version(
