@@ -81,6 +81,49 @@ class NextStep:
     iteration: int
 
 
+@dataclass(frozen=True)
+class Advance:
+    """One step's settle for ``settle_advance_many``."""
+
+    token: Token
+    output: Any
+    vars: dict[str, Any] | None
+    next_step: NextStep | None
+    eager: bool
+    detail: dict[str, Any] | None = None
+    skipped: bool = False
+
+
+async def settle_advance_many(
+    conn: Conn, items: Sequence[Advance], *, worker: str, lease: float
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Settle several steps (of different runs) in one statement and one commit. Returns the
+    run row per (org_id, run_id) that settled; a missing key means that step's lease was lost."""
+    if not items:
+        return {}
+    cur = await conn.execute(
+        Q.settle_advance,
+        {
+            "worker": worker,
+            "lease": lease,
+            "org_ids": [i.token.org_id for i in items],
+            "run_ids": [i.token.run_id for i in items],
+            "seqs": [i.token.seq for i in items],
+            "attempts": [i.token.attempt for i in items],
+            "outputs": [Jsonb(i.output) for i in items],
+            "vars": [Jsonb(i.vars or {}) for i in items],
+            "next_step_ids": [i.next_step.step_id if i.next_step else None for i in items],
+            "next_kinds": [i.next_step.kind if i.next_step else None for i in items],
+            "next_lanes": [i.next_step.lane if i.next_step else None for i in items],
+            "next_iterations": [i.next_step.iteration if i.next_step else None for i in items],
+            "eagers": [bool(i.eager and i.next_step) for i in items],
+            "done_statuses": ["skipped" if i.skipped else "done" for i in items],
+            "details": [Jsonb(i.detail) if i.detail else None for i in items],
+        },
+    )
+    return {(r["org_id"], r["run_id"]): r for r in await cur.fetchall()}
+
+
 async def settle_advance(
     conn: Conn,
     token: Token,
@@ -94,25 +137,15 @@ async def settle_advance(
     detail: dict[str, Any] | None = None,
     skipped: bool = False,
 ) -> dict[str, Any] | None:
-    """Done (or skipped, e.g. consent refused) + enter the next step (or complete the run). None: the lease was lost."""
-    cur = await conn.execute(
-        Q.settle_advance,
-        {
-            **token.args(),
-            "worker": worker,
-            "output": Jsonb(output),
-            "vars": Jsonb(vars or {}),
-            "next_step_id": next_step.step_id if next_step else None,
-            "next_kind": next_step.kind if next_step else None,
-            "next_lane": next_step.lane if next_step else None,
-            "next_iteration": next_step.iteration if next_step else None,
-            "eager": bool(eager and next_step),
-            "lease": lease,
-            "detail": Jsonb(detail) if detail else None,
-            "done_status": "skipped" if skipped else "done",
-        },
+    """Done (or skipped, e.g. consent refused) + enter the next step (or complete the run).
+    None: the lease was lost."""
+    rows = await settle_advance_many(
+        conn,
+        [Advance(token, output, vars, next_step, eager, detail, skipped)],
+        worker=worker,
+        lease=lease,
     )
-    return await cur.fetchone()
+    return rows.get((token.org_id, token.run_id))
 
 
 async def settle_wait_timer(

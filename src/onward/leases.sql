@@ -41,68 +41,85 @@ WHERE s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
 RETURNING s.org_id, s.run_id, s.seq;
 
 -- name: settle_advance
--- The step is done: record its output, merge its variables into the run, and either enter the
--- next step or complete the run -- one statement, one commit. When %(eager)s the next step is
--- inserted already claimed by this worker (attempt 1, its lease), so no wake-up is needed;
--- otherwise it is inserted ready with an outbox row that wakes a worker of its lane.
-WITH done AS (
-    UPDATE steps
-    SET status = %(done_status)s, output = %(output)s, owner = NULL, lease_until = NULL,
+-- Steps are done: record each output, merge its variables into its run, and either enter the
+-- next step or complete the run. Set-based: a worker groups the settles of its concurrent
+-- chains (independent runs) into one statement and one commit; each row keeps its own fence
+-- (attempt = token AND status = 'running'), so a stale row is skipped while the others settle.
+-- When eager, the next step is inserted already claimed by this worker (attempt 1, its lease),
+-- so no wake-up is needed; otherwise it is inserted ready with an outbox row for its lane.
+WITH x AS (
+    SELECT * FROM unnest(
+        %(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[],
+        %(outputs)s::jsonb[], %(vars)s::jsonb[], %(next_step_ids)s::text[],
+        %(next_kinds)s::text[], %(next_lanes)s::text[], %(next_iterations)s::int[],
+        %(eagers)s::bool[], %(done_statuses)s::text[], %(details)s::jsonb[]
+    ) AS x(org_id, run_id, seq, attempt, output, vars, next_step_id, next_kind, next_lane,
+           next_iteration, eager, done_status, detail)
+),
+done AS (
+    UPDATE steps s
+    SET status = x.done_status, output = x.output, owner = NULL, lease_until = NULL,
         finished_at = now(), updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
-      AND attempt = %(attempt)s AND status = 'running'
-    RETURNING org_id, run_id, seq, step_id
+    FROM x
+    WHERE s.org_id = x.org_id AND s.run_id = x.run_id AND s.seq = x.seq
+      AND s.attempt = x.attempt AND s.status = 'running'
+    RETURNING s.org_id, s.run_id, s.seq, s.step_id
+),
+dx AS (
+    SELECT x.*, d.step_id FROM done d
+    JOIN x ON x.org_id = d.org_id AND x.run_id = d.run_id AND x.seq = d.seq
 ),
 run AS (
     UPDATE runs r
-    SET ctx = jsonb_set(jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}') || %(vars)s),
-                        ARRAY['steps', d.step_id], coalesce(%(output)s, 'null'::jsonb)),
-        visits = CASE WHEN %(next_step_id)s::text IS NULL THEN r.visits
-                      ELSE jsonb_set(r.visits, ARRAY[%(next_step_id)s::text],
-                                     to_jsonb(%(next_iteration)s::int)) END,
+    SET ctx = jsonb_set(jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}') || dx.vars),
+                        ARRAY['steps', dx.step_id], coalesce(dx.output, 'null'::jsonb)),
+        visits = CASE WHEN dx.next_step_id IS NULL THEN r.visits
+                      ELSE jsonb_set(r.visits, ARRAY[dx.next_step_id],
+                                     to_jsonb(dx.next_iteration)) END,
         steps_executed = r.steps_executed + 1,
-        current_seq = CASE WHEN %(next_step_id)s::text IS NULL THEN r.current_seq ELSE d.seq + 1 END,
-        status = CASE WHEN %(next_step_id)s::text IS NULL THEN 'completed' ELSE 'active' END,
-        finished_at = CASE WHEN %(next_step_id)s::text IS NULL THEN now() END,
+        current_seq = CASE WHEN dx.next_step_id IS NULL THEN r.current_seq ELSE dx.seq + 1 END,
+        status = CASE WHEN dx.next_step_id IS NULL THEN 'completed' ELSE 'active' END,
+        finished_at = CASE WHEN dx.next_step_id IS NULL THEN now() END,
         updated_at = now()
-    FROM done d
-    WHERE r.org_id = d.org_id AND r.run_id = d.run_id
-    RETURNING r.status, r.steps_executed, r.max_steps, now() > r.deadline_at AS over_age,
+    FROM dx
+    WHERE r.org_id = dx.org_id AND r.run_id = dx.run_id
+    RETURNING r.org_id, r.run_id, r.status, r.steps_executed, r.max_steps,
+              now() > r.deadline_at AS over_age,
               r.cancel_requested_at IS NOT NULL AS cancel_requested
 ),
 next AS (
     INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status, attempt,
                        owner, lease_until)
-    SELECT d.org_id, d.run_id, d.seq + 1, %(next_step_id)s, %(next_kind)s, %(next_lane)s,
-           %(next_iteration)s,
-           CASE WHEN %(eager)s THEN 'running' ELSE 'ready' END,
-           CASE WHEN %(eager)s THEN 1 ELSE 0 END,
-           CASE WHEN %(eager)s THEN %(worker)s END,
-           CASE WHEN %(eager)s THEN now() + make_interval(secs => %(lease)s) END
-    FROM done d
-    WHERE %(next_step_id)s::text IS NOT NULL
+    SELECT dx.org_id, dx.run_id, dx.seq + 1, dx.next_step_id, dx.next_kind, dx.next_lane,
+           dx.next_iteration,
+           CASE WHEN dx.eager THEN 'running' ELSE 'ready' END,
+           CASE WHEN dx.eager THEN 1 ELSE 0 END,
+           CASE WHEN dx.eager THEN %(worker)s END,
+           CASE WHEN dx.eager THEN now() + make_interval(secs => %(lease)s) END
+    FROM dx
+    WHERE dx.next_step_id IS NOT NULL
 ),
 wake AS (
     INSERT INTO outbox (org_id, topic, job_id, lane, payload)
-    SELECT d.org_id, 'step', 'wake:' || d.run_id || ':' || (d.seq + 1) || ':1', %(next_lane)s,
-           jsonb_build_object('run_id', d.run_id, 'seq', d.seq + 1)
-    FROM done d
-    WHERE %(next_step_id)s::text IS NOT NULL AND NOT %(eager)s
+    SELECT dx.org_id, 'step', 'wake:' || dx.run_id || ':' || (dx.seq + 1) || ':1', dx.next_lane,
+           jsonb_build_object('run_id', dx.run_id, 'seq', dx.seq + 1)
+    FROM dx
+    WHERE dx.next_step_id IS NOT NULL AND NOT dx.eager
 ),
 hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
-    SELECT d.org_id, d.run_id, e.event, e.seq, e.step_id, e.attempt, %(worker)s, e.detail
-    FROM done d CROSS JOIN LATERAL (VALUES
-        ('step_' || %(done_status)s::text, d.seq, d.step_id, %(attempt)s::int, %(detail)s::jsonb),
-        (CASE WHEN %(next_step_id)s::text IS NULL THEN 'run_completed'
-              WHEN %(eager)s THEN 'step_claimed' ELSE 'step_ready' END,
-         CASE WHEN %(next_step_id)s::text IS NULL THEN NULL ELSE d.seq + 1 END,
-         %(next_step_id)s::text,
-         CASE WHEN %(eager)s THEN 1 END,
-         CASE WHEN %(next_step_id)s::text IS NULL THEN NULL
-              ELSE jsonb_build_object('lane', %(next_lane)s::text,
-                                      'iteration', %(next_iteration)s::int) END)
-    ) AS e(event, seq, step_id, attempt, detail)
+    SELECT dx.org_id, dx.run_id, e.event, e.seq, e.step_id, e.attempt, %(worker)s, e.detail
+    FROM dx CROSS JOIN LATERAL (VALUES
+        (1, 'step_' || dx.done_status, dx.seq, dx.step_id, dx.attempt, dx.detail),
+        (2, CASE WHEN dx.next_step_id IS NULL THEN 'run_completed'
+                 WHEN dx.eager THEN 'step_claimed' ELSE 'step_ready' END,
+         CASE WHEN dx.next_step_id IS NULL THEN NULL ELSE dx.seq + 1 END,
+         dx.next_step_id,
+         CASE WHEN dx.eager THEN 1 END,
+         CASE WHEN dx.next_step_id IS NULL THEN NULL
+              ELSE jsonb_build_object('lane', dx.next_lane, 'iteration', dx.next_iteration) END)
+    ) AS e(ord, event, seq, step_id, attempt, detail)
+    ORDER BY dx.run_id, e.ord
 )
 SELECT * FROM run;
 

@@ -89,6 +89,80 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+class _SettleGroup:
+    """Groups the settles of concurrent chains into one statement: one commit for many steps.
+
+    A chain hands over its settle and awaits its own row; the group flushes whatever is pending
+    at once (after one turn of the event loop, so chains ready in the same turn join), with at
+    most ``inflight`` statements running. Under load the pending list grows while statements
+    run, so groups grow by themselves; an idle worker settles a single step with no added wait.
+    Each row is fenced on its own; a failed statement fails every chain in it, and each then
+    treats its outcome as unknown, which the fence makes safe.
+    """
+
+    def __init__(
+        self, pool: Pool, worker: str, lease: float, *, max_batch: int = 64, inflight: int = 4
+    ) -> None:
+        self.pool, self.worker, self.lease = pool, worker, lease
+        self.max_batch = max_batch
+        self._sem = asyncio.Semaphore(inflight)
+        self._pending: list[tuple[leases.Advance, asyncio.Future[dict[str, Any] | None]]] = []
+        self._kick = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+        self.statements = 0
+
+    async def settle(self, item: leases.Advance) -> dict[str, Any] | None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.create_task(self._loop())
+        fut: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, fut))
+        self._kick.set()
+        return await fut
+
+    async def _loop(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            await asyncio.sleep(0)  # chains that finished in this turn join the group
+            while self._pending:
+                await self._sem.acquire()
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+                task = asyncio.create_task(self._flush(batch))
+                self._flushes.add(task)
+                task.add_done_callback(self._flushes.discard)
+
+    async def _flush(
+        self, batch: list[tuple[leases.Advance, asyncio.Future[dict[str, Any] | None]]]
+    ) -> None:
+        try:
+            async with self.pool.connection() as conn:
+                rows = await leases.settle_advance_many(
+                    conn, [item for item, _ in batch], worker=self.worker, lease=self.lease
+                )
+            self.statements += 1
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        else:
+            for item, fut in batch:
+                if not fut.done():
+                    fut.set_result(rows.get((item.token.org_id, item.token.run_id)))
+        finally:
+            self._sem.release()
+
+    async def close(self) -> None:
+        if self._flushes:
+            await asyncio.wait(set(self._flushes), timeout=5.0)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+
+
 class Worker:
     def __init__(
         self,
@@ -119,6 +193,7 @@ class Worker:
         self._stopping = False
         self._timer_inbox: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
         self._params_cache: dict[tuple[str, str, int, str], Any] = {}
+        self._group = _SettleGroup(pool, self.id, settings.lease_seconds)
 
     # -- wakes ---------------------------------------------------------------------------
     def on_wake(self, wake: Wake) -> None:
@@ -432,19 +507,17 @@ class Worker:
             and nxt.lane in self.capacity
             and (nxt.lane == row["lane"] or self.running[nxt.lane] < self.capacity[nxt.lane])
         )
-        async with self.pool.connection() as conn:
-            res = await leases.settle_advance(
-                conn,
+        res = await self._group.settle(
+            leases.Advance(
                 token,
-                worker=self.id,
-                output=output,
-                vars=new_vars,
-                next_step=nxt,
-                eager=eager,
-                lease=self.settings.lease_seconds,
-                skipped=adv.skipped is not None,
+                output,
+                new_vars,
+                nxt,
+                eager,
                 detail={"skipped": adv.skipped} if adv.skipped else None,
+                skipped=adv.skipped is not None,
             )
+        )
         crash_point("worker.after_settle")
         self._count_settle(res is not None)
         if res is None or nxt is None or not eager:
@@ -521,6 +594,7 @@ class Worker:
                 for t in pending:
                     t.cancel()
             await self._drain(self.settings.shutdown_grace_seconds)
+            await self._group.close()
             hb_stop.set()
             heart.cancel()
             await asyncio.gather(heart, return_exceptions=True)
