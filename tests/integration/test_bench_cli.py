@@ -33,9 +33,12 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     assert eng["lost"] == 0
     assert eng["steps_per_s"] > 0 and eng["runs_per_s"] > 0
     assert 0 < eng["run_latency_ms_p50"] <= eng["run_latency_ms_p99"]
-    # measured, not guessed: at least one commit and one transaction id per step
-    assert eng["commits_per_step"] >= 1.0 and eng["xids_per_step"] >= 1.0
-    assert eng["statements"]["leases.settle_advance"]["per_step"] == 1.0
+    # measured, not guessed: settles are grouped, so at most one statement per step, and the
+    # commits counted from pg_stat_database are positive and no more than one per step plus
+    # the relay's and the sweep's own
+    settles = eng["statements"]["leases.settle_advance"]["per_step"]
+    assert 0 < settles <= 1.0
+    assert 0 < eng["commits_per_step"] < 1.5 and eng["xids_per_step"] > 0
     assert "history" in eng["tables"] and "runs" in eng["tables"]
     assert eng["worker_rss_mb"] and all(0 < mb < 1024 for mb in eng["worker_rss_mb"])
     assert res["starts"]["starts_per_s"] > 0
