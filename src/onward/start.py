@@ -15,13 +15,12 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from onward import ids
-from onward.automations.versions import VersionCache, load_version
+from onward.automations.versions import VersionCache
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
-from onward.errors import PayloadTooLarge
+from onward.errors import PayloadTooLarge, UnknownAutomation
 from onward.kinds import Registry
-from onward.kinds import registry as default_registry
 
 Q = Queries(__package__, "start.sql")
 
@@ -57,20 +56,12 @@ async def start_run(
     registry: Registry | None = None,
     versions: VersionCache | None = None,
 ) -> Started:
-    """Start a run of the latest (or given) version. One round trip for a new run."""
+    """Start a run of the latest (or given) version: one statement, one commit for a new run;
+    a duplicate costs one more read. ``registry`` and ``versions`` are accepted for callers
+    that pass them; the version's first step was resolved when it was published."""
     size = len(json.dumps(payload, default=str).encode())
     if size > max_payload_bytes:
         raise PayloadTooLarge(size, max_payload_bytes)
-    if version is None:
-        version, doc = await load_version(pool, org_id, automation_id)
-    elif versions is not None:
-        doc = await versions.get(org_id, automation_id, version)
-    else:
-        version, doc = await load_version(pool, org_id, automation_id, version)
-    reg = registry or default_registry
-    first = doc.step(doc.start_step)
-    spec = reg.get(first.kind)
-    lane = first.lane or (spec.lane if spec else "io")
     start_key, kind = start_key_for(automation_id, payload, event_id, key)
     args = {
         "org_id": org_id,
@@ -80,11 +71,6 @@ async def start_run(
         "start_key": start_key,
         "start_key_kind": kind,
         "input": Jsonb(payload),
-        "step_id": first.id,
-        "kind": first.kind,
-        "lane": lane,
-        "max_steps": doc.budget.max_steps,
-        "max_age": doc.budget.max_age_seconds,
         "contact_id": contact_id,
     }
     async with pool.connection() as conn:
@@ -93,9 +79,11 @@ async def start_run(
         if row is not None:
             crash_point("start.after_commit")
             return Started(row["run_id"], True, start_key)
-        # Conflict: another delivery started it. A fresh statement sees its committed row.
+        # Conflict (another delivery started it: a fresh statement sees its committed row), or
+        # no such automation or version.
         cur = await conn.execute(Q.find_duplicate, {"org_id": org_id, "start_key": start_key})
         dup = await cur.fetchone()
-    if dup is None:  # pragma: no cover - the unique constraint guarantees a row
-        raise RuntimeError(f"start key {start_key!r} conflicted but no run holds it")
+    if dup is None:
+        what = f"version {version} of " if version else ""
+        raise UnknownAutomation(f"no published {what}automation {automation_id!r} in {org_id!r}")
     return Started(dup["run_id"], False, start_key)

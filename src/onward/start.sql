@@ -1,41 +1,55 @@
 -- name: start_run
--- Idempotent start (R1) and the write side of the outbox (R2): the run, its first step, the
--- outbox row that wakes a worker and the first history row commit together or not at all.
--- A second start with the same (org_id, start_key) inserts nothing and returns no row.
-WITH org AS (
+-- Idempotent start (R1) and the write side of the outbox (R2), in one statement: the version
+-- (latest, or the one asked for), the run, its first step, the outbox row that wakes a worker
+-- and the first history rows commit together or not at all. No row returned: a duplicate start
+-- key (ON CONFLICT DO NOTHING) or no such automation/version -- find_duplicate tells which.
+WITH v AS (
+    SELECT av.version, av.start_step_id, av.start_kind, av.start_lane, av.max_steps,
+           av.max_age_s
+    FROM automations a
+    JOIN automation_versions av
+      ON av.org_id = a.org_id AND av.automation_id = a.automation_id
+     AND av.version = coalesce(%(version)s::int, a.latest_version)
+    WHERE a.org_id = %(org_id)s AND a.automation_id = %(automation_id)s
+),
+org AS (
     INSERT INTO organisations (org_id) VALUES (%(org_id)s) ON CONFLICT (org_id) DO NOTHING
 ),
 run AS (
     INSERT INTO runs (org_id, run_id, automation_id, version, start_key, start_key_kind, status,
                       input, ctx, visits, current_seq, max_steps, deadline_at, contact_id)
-    VALUES (%(org_id)s, %(run_id)s, %(automation_id)s, %(version)s, %(start_key)s,
-            %(start_key_kind)s, 'active', %(input)s, '{"vars": {}, "steps": {}}',
-            jsonb_build_object(%(step_id)s::text, 1), 1, %(max_steps)s,
-            now() + make_interval(secs => %(max_age)s), %(contact_id)s)
+    SELECT %(org_id)s, %(run_id)s, %(automation_id)s, v.version, %(start_key)s,
+           %(start_key_kind)s, 'active', %(input)s, '{"vars": {}, "steps": {}}',
+           jsonb_build_object(v.start_step_id, 1), 1, v.max_steps,
+           now() + make_interval(secs => v.max_age_s), %(contact_id)s
+    FROM v
     ON CONFLICT (org_id, start_key) DO NOTHING
-    RETURNING org_id, run_id
+    RETURNING org_id, run_id, version
 ),
 step AS (
     INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status)
-    SELECT org_id, run_id, 1, %(step_id)s, %(kind)s, %(lane)s, 1, 'ready' FROM run
+    SELECT run.org_id, run.run_id, 1, v.start_step_id, v.start_kind, v.start_lane, 1, 'ready'
+    FROM run, v
 ),
 wake AS (
     INSERT INTO outbox (org_id, topic, job_id, lane, payload)
-    SELECT org_id, 'step', 'wake:' || run_id || ':1:1', %(lane)s,
-           jsonb_build_object('run_id', run_id, 'seq', 1)
-    FROM run
+    SELECT run.org_id, 'step', 'wake:' || run.run_id || ':1:1', v.start_lane,
+           jsonb_build_object('run_id', run.run_id, 'seq', 1)
+    FROM run, v
 ),
 hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
-    SELECT org_id, run_id, e.event, e.seq, e.step_id, e.detail
-    FROM run CROSS JOIN (VALUES
-        ('run_started', NULL::int, NULL::text,
-         jsonb_build_object('automation_id', %(automation_id)s::text, 'version', %(version)s::int,
-                            'start_key', %(start_key)s::text, 'start_key_kind', %(start_key_kind)s::text)),
-        ('step_ready', 1, %(step_id)s::text, jsonb_build_object('lane', %(lane)s::text))
-    ) AS e(event, seq, step_id, detail)
+    SELECT run.org_id, run.run_id, e.event, e.seq, e.step_id, e.detail
+    FROM run, v CROSS JOIN LATERAL (VALUES
+        (1, 'run_started', NULL::int, NULL::text,
+         jsonb_build_object('automation_id', %(automation_id)s::text, 'version', v.version,
+                            'start_key', %(start_key)s::text,
+                            'start_key_kind', %(start_key_kind)s::text)),
+        (2, 'step_ready', 1, v.start_step_id, jsonb_build_object('lane', v.start_lane))
+    ) AS e(ord, event, seq, step_id, detail)
+    ORDER BY e.ord
 )
-SELECT run_id FROM run;
+SELECT run_id, version FROM run;
 
 -- name: find_duplicate
 -- The run an earlier delivery started; records that a duplicate delivery was acknowledged.

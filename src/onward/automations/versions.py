@@ -50,8 +50,20 @@ async def publish(
         if same is not None:
             return Published(doc.id, same["version"], digest, created=False)
         version = latest + 1
+        first = doc.step(doc.start_step)
+        spec = (registry or default_registry).get(first.kind)
         await conn.execute(
-            Q.insert_version, {**args, "version": version, "document": Jsonb(doc.canonical())}
+            Q.insert_version,
+            {
+                **args,
+                "version": version,
+                "document": Jsonb(doc.canonical()),
+                "start_step_id": first.id,
+                "start_kind": first.kind,
+                "start_lane": first.lane or (spec.lane if spec else "io"),
+                "max_steps": doc.budget.max_steps,
+                "max_age_s": doc.budget.max_age_seconds,
+            },
         )
     return Published(doc.id, version, digest, created=True)
 

@@ -16,8 +16,10 @@ WHERE a.org_id = %(org_id)s AND a.automation_id = %(automation_id)s AND v.digest
 -- name: insert_version
 -- Versions are immutable: inserted once, never updated.
 WITH v AS (
-    INSERT INTO automation_versions (org_id, automation_id, version, digest, document)
-    VALUES (%(org_id)s, %(automation_id)s, %(version)s, %(digest)s, %(document)s)
+    INSERT INTO automation_versions (org_id, automation_id, version, digest, document,
+                                     start_step_id, start_kind, start_lane, max_steps, max_age_s)
+    VALUES (%(org_id)s, %(automation_id)s, %(version)s, %(digest)s, %(document)s,
+            %(start_step_id)s, %(start_kind)s, %(start_lane)s, %(max_steps)s, %(max_age_s)s)
     RETURNING version
 )
 UPDATE automations SET latest_version = (SELECT version FROM v), updated_at = now()

@@ -242,26 +242,7 @@ def _inline_sync_deps() -> None:
     fdu.run_in_threadpool = inline
 
 
-def _cache_latest() -> None:
-    """Start runs on a cached latest version: no version query and no document parse per
-    start (a real cache needs invalidation on publish; this one is for measuring)."""
-    import onward.start as start_mod
-
-    original = start_mod.load_version
-    cache: dict[tuple[str, str], Any] = {}
-
-    async def cached(pool: Any, org_id: str, automation_id: str, version: Any = None) -> Any:
-        if version is not None:
-            return await original(pool, org_id, automation_id, version)
-        key = (org_id, automation_id)
-        if key not in cache:
-            cache[key] = await original(pool, org_id, automation_id)
-        return cache[key]
-
-    start_mod.load_version = cached
-
-
-API_WHAT_IF: dict[str, Any] = {"inline-deps": _inline_sync_deps, "cache-latest": _cache_latest}
+API_WHAT_IF: dict[str, Any] = {"inline-deps": _inline_sync_deps}
 
 
 async def _api(a: argparse.Namespace) -> None:

@@ -33,6 +33,12 @@ CREATE TABLE automation_versions (
     version       integer NOT NULL CHECK (version > 0),
     digest        text NOT NULL,       -- sha256 of the canonical document
     document      jsonb NOT NULL,
+    -- what a start needs, resolved at publish time so a start is one statement:
+    start_step_id text NOT NULL,
+    start_kind    text NOT NULL,
+    start_lane    text NOT NULL,
+    max_steps     integer NOT NULL,
+    max_age_s     double precision NOT NULL,
     published_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, automation_id, version)
 );
