@@ -291,6 +291,17 @@ def _prepare_replay(url: str, n: int, rep: int) -> None:
         for i in range(n)
     ]
     with psycopg.connect(url, autocommit=True) as conn:
+        # the start statement reads the version's first step (s1, lane io) from its row
+        conn.execute(
+            """INSERT INTO automations (org_id, automation_id, latest_version)
+               VALUES ('replay', 'bench-replay', 1) ON CONFLICT DO NOTHING"""
+        )
+        conn.execute(
+            """INSERT INTO automation_versions (org_id, automation_id, version, digest, document,
+                   start_step_id, start_kind, start_lane, max_steps, max_age_s)
+               VALUES ('replay', 'bench-replay', 1, 'replay', '{}', 's1', 'set', 'io', 1000,
+                       86400) ON CONFLICT DO NOTHING"""
+        )
         with conn.transaction(), conn.cursor() as cur:
             cur.executemany(START_Q.start_run, args)
         conn.execute(
