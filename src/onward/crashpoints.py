@@ -26,6 +26,9 @@ POINTS = {
     "effect.after_claim": "effect row claimed in_flight; provider not yet called",
     "effect.after_call": "provider did the work; the effect is not yet settled",
     "signal.after_claim": "signal consumed; run transition in the same transaction",
+    "worker.after_wait": "waiting step settled: timer row + delayed outbox wake committed",
+    "worker.before_settle_error": "handler raised (effect row withdrawn/unknown); retry not written",
+    "timer.after_fire": "timers fired on their wake and steps made ready; local kick not done",
 }
 
 

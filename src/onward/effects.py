@@ -9,7 +9,8 @@
    now. Wait for it to settle or for its lease to lapse; never overlap it.
 4. ``in_flight`` with a lapsed lease, or ``outcome_unknown``: the call may have happened.
    Reconcile first (search the provider for work tagged with the key); if found, settle it.
-   Else, if the provider deduplicates idempotency keys, begin a new attempt with the SAME key.
+   Else, if the provider deduplicates idempotency keys, begin a new attempt with the SAME key
+   (likewise where a repeat only costs, like a model generation: ``repeat_is_harmless``).
    Else park for a person (``review``) with what is known: key, first attempt, last error.
 5. Perform, heartbeating the effect lease; settle the result. A dropped connection after the
    request was sent marks the effect ``outcome_unknown``; an answer that says the work was not
@@ -109,7 +110,7 @@ class Effects:
                 found = await connector.reconcile(key)
                 if found is not None:
                     return await self._settle(args, found)
-            if not connector.supports_idempotency:
+            if not connector.supports_idempotency and not connector.repeat_is_harmless:
                 parked = await self._one(Q.park_for_review, {**args, "error": None})
                 raise self._review(key, connector, parked or row)
             begun = await self._one(Q.begin_attempt, args)
@@ -127,7 +128,8 @@ class Effects:
         connector: Connector,
         params: dict[str, Any],
     ) -> dict[str, Any]:
-        beat = asyncio.create_task(self._heartbeat(args, token))
+        stop_beat = asyncio.Event()
+        beat = asyncio.create_task(self._heartbeat(args, token, stop_beat))
         try:
             return await connector.perform(key, params)
         except StepError as exc:
@@ -148,13 +150,22 @@ class Effects:
             await self._one(Q.mark_unknown, {**args, "token": token, "error": _error(exc)})
             raise OutcomeUnknown(f"effect {key}: {type(exc).__name__}: {exc}") from exc
         finally:
+            stop_beat.set()
             beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            await asyncio.wait({beat}, timeout=1.0)  # bounded: see _heartbeat
 
-    async def _heartbeat(self, args: dict[str, Any], token: int) -> None:
-        while True:
-            await asyncio.sleep(self.lease_seconds / 3)
+    async def _heartbeat(self, args: dict[str, Any], token: int, stop: asyncio.Event) -> None:
+        # The stop flag, not only cancel(): on Python 3.11 a cancel that lands while this loop
+        # waits for a pooled connection can be swallowed (asyncio.wait_for inside the pool), and
+        # a heartbeat that outlives its call keeps the effect lease alive for ever.
+        while not stop.is_set():
+            waiter = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=self.lease_seconds / 3)
+            finally:
+                waiter.cancel()
+            if stop.is_set():
+                return
             with contextlib.suppress(Exception):
                 await self._one(Q.heartbeat, {**args, "token": token})
 

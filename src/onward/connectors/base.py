@@ -53,6 +53,9 @@ class Connector(abc.ABC):
     supports_idempotency: ClassVar[bool] = False
     #: :meth:`reconcile` can find earlier work by the idempotency key.
     supports_reconcile: ClassVar[bool] = False
+    #: A repeat of the work harms nobody (it only costs, like a model generation): an uncertain
+    #: attempt is simply performed again instead of being parked for a person.
+    repeat_is_harmless: ClassVar[bool] = False
     #: Header carrying the idempotency key. Sent even to providers that ignore it: the key then
     #: still shows up in their logs (and in the sandbox ledger), which makes duplicates traceable.
     idempotency_header: ClassVar[str] = "Idempotency-Key"

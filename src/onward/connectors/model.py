@@ -15,6 +15,7 @@ class ModelConnector(Connector):
     provider = "model"
     supports_idempotency = False
     supports_reconcile = False
+    repeat_is_harmless = True  # a second generation costs money; it reaches no person
 
     async def perform(self, idempotency_key: str, params: dict[str, Any]) -> dict[str, Any]:
         response = await self._request(

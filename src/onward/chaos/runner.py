@@ -1,0 +1,1091 @@
+"""``onward chaos``: kill real processes at every crash point while the reference scenario runs,
+then count what survived.
+
+Set-up: a scratch database on the configured server (or the embedded one), the sandbox
+providers in a child process with a little of every provider fault, one connection per
+provider, the scenario published (:mod:`onward.chaos.scenario`).
+
+Processes (all ``python -m onward.chaos.worker_proc``, each with its own ``application_name``):
+
+* ``workers`` worker slots (worker + outbox relay), every wake delivered twice and out of order;
+* one leader slot (worker + relay + the only sweeper candidate), its clock skewed by five
+  minutes with libfaketime when installed: it rescues leases, so an early theft would show;
+* one starter, fed batches of start events (each delivered twice, like a webhook).
+
+Every slot is respawned when its process dies, from a warm spare that has already imported
+everything (``--standby``), armed (``point@n``, exactly what ``ONWARD_CRASH_AT`` does) with the
+next kill of a schedule that takes every crash point a process can reach ``kills_per_point``
+times (the first round at ``@1``, later ones at a random ``@2..4``), plus random points at a
+random ``@n``. Once the schedule is empty, the kills still armed are armed in every worker
+slot, so the last runs cannot slip past them. Besides, the runner SIGKILLs random processes at
+random moments, pauses a worker with SIGSTOP past its leases and wakes it with SIGCONT, and a
+thread terminates random engine database connections (``pg_terminate_backend``) until the
+schedule is done. ``shutdown.before_release`` is reached by a graceful shutdown, so that
+process gets a SIGTERM once it works; ``worker.before_settle_error`` needs a failing handler,
+so the sandbox refuses the next few calls when it is armed. Starts are fed in step with the
+kill schedule (and some held back for its tail), so runs are in flight at every kill. The run
+ends when every run is finished or parked and the schedule is done (a kill whose point can no
+longer come is counted as missed), or at the time limit.
+
+Figures: runs started (exactly one per event), completed, parked for review by provider,
+lost (no durable way forward, or unfinished at the end), transitions applied twice (history),
+provider duplicates (sandbox ledger), kills per point, unexpected exits, the doctor (R16).
+``ok`` iff nothing was lost, nothing applied twice and no idempotent provider did work twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from onward.bench.db import scratch_database
+from onward.chaos import scenario
+from onward.chaos.faults import BackendKiller, libfaketime
+from onward.chaos.worker_proc import settings_to_json
+from onward.config import Settings
+from onward.crashpoints import POINTS
+from onward.db import resolve_url
+from onward.engine import TERMINAL, Engine
+from onward.sandbox import SandboxServer
+
+Out = Callable[[str], None]
+
+# Which process can reach each crash point. Points no process of the scenario reaches are
+# listed with the reason; any other (new) point is armed in worker processes.
+STARTER_POINTS = ("start.after_commit",)
+LEADER_POINTS = ("sweep.after_claim", "sweep.after_fire")
+UNREACHABLE = {"signal.after_claim": "no code calls it yet (no signals module)"}
+SHUTDOWN_POINT = "shutdown.before_release"
+ERROR_POINT = "worker.before_settle_error"
+CLOCK_SKEW = "+300"  # the leader's clock runs five minutes fast
+
+CHAOS_TIMINGS = {
+    "lease_seconds": 2.0,
+    "heartbeat_seconds": 0.5,
+    "poll_seconds": 0.3,
+    "sweep_seconds": 0.3,
+    "shutdown_grace_seconds": 1.0,
+}
+
+
+@dataclass
+class Spec:
+    """One planned kill: die at the nth time ``point`` is reached."""
+
+    point: str
+    n: int
+    origin: str  # "scheduled" | "random"
+    tries: int = 0
+    done: bool = False  # killed there, or given up (missed)
+
+    @property
+    def arm(self) -> str:
+        return f"{self.point}@{self.n}"
+
+
+@dataclass
+class Proc:
+    role: str  # "worker" | "leader" | "starter"
+    slot: int
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log: IO[bytes]
+    specs: list[Spec]
+    spawned_at: float
+    ready_at: float | None = None
+    term_at: float | None = None
+    resume_at: float | None = None
+    external: bool = False
+    offset: int = 0
+    text: str = ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def read_new(self) -> str:
+        with self.log_path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        chunk = data.decode(errors="replace")
+        if len(self.text) < 200_000:
+            self.text += chunk
+        return chunk
+
+    def tail(self, chars: int = 1500) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+@dataclass
+class Report:
+    runs: int
+    queue: str
+    workers: int
+    started: int = 0
+    deliveries: int = 0
+    duplicates_acknowledged: int = 0
+    completed: int = 0
+    failed: int = 0
+    parked_for_review: int = 0
+    parked_by_provider: dict[str, int] = field(default_factory=dict)
+    parked_other: int = 0
+    charged_runs: int = 0
+    unfinished: int = 0
+    no_way_forward: int = 0
+    lost: int = 0
+    lost_runs: list[str] = field(default_factory=list)
+    lost_detail: list[dict[str, Any]] = field(default_factory=list)
+    stalled: bool = False
+    double_transitions: int = 0
+    doubles: dict[str, int] = field(default_factory=dict)
+    duplicates: dict[str, int] = field(default_factory=dict)  # idempotent providers
+    payment_duplicates: int = 0
+    model_repeats: int = 0
+    crm_repeat_upserts: int = 0
+    missing_effects: int = 0
+    ledger: dict[str, int] = field(default_factory=dict)
+    kills: dict[str, int] = field(default_factory=dict)
+    expected_kills: dict[str, int] = field(default_factory=dict)
+    random_point_kills: int = 0
+    missed: dict[str, int] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    external_kills: int = 0
+    pauses: int = 0
+    graceful_stops: int = 0
+    unexpected_exits: list[str] = field(default_factory=list)
+    processes: int = 0
+    db_connections_terminated: int = 0
+    leases_taken_early: int = 0
+    stale_settles_refused: int = 0
+    clock_skew: str | None = None
+    doctor: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    time_limit_s: float = 0.0
+    timed_out: bool = False
+    log_dir: str | None = None
+
+    @property
+    def idempotent_duplicates(self) -> int:
+        return sum(self.duplicates.values())
+
+    @property
+    def total_kills(self) -> int:
+        return sum(self.kills.values())
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.double_transitions == 0 and self.idempotent_duplicates == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.update(
+            ok=self.ok,
+            idempotent_duplicates=self.idempotent_duplicates,
+            total_kills=self.total_kills,
+        )
+        return data
+
+    def render(self) -> str:
+        parked = ", ".join(f"{p} {n}" for p, n in sorted(self.parked_by_provider.items()))
+        lines = [
+            f"onward chaos: {self.runs} runs of {scenario.AUTOMATION} (queue {self.queue}), "
+            f"{self.workers} worker processes + 1 leader + 1 starter, "
+            f"{self.elapsed_s:.0f} s"
+            + (" (STALLED: no run moved for 90 s)" if self.stalled else "")
+            + (" (TIME LIMIT REACHED)" if self.timed_out and not self.stalled else ""),
+            "",
+            f"runs started                 {self.started} / {self.runs}"
+            f"   ({self.deliveries} webhook deliveries, {self.duplicates_acknowledged} "
+            "duplicates acknowledged)",
+            f"runs completed               {self.completed}",
+            f"runs parked for review       {self.parked_for_review}"
+            + (f"   ({parked})" if parked else "")
+            + f"   [{self.charged_runs} runs reached the payment provider]",
+            f"runs failed                  {self.failed}",
+            f"runs parked otherwise        {self.parked_other}",
+            f"runs lost (no way forward)   {self.lost}"
+            f"   (unfinished at the end {self.unfinished}, no durable way forward "
+            f"{self.no_way_forward})",
+            f"transitions applied twice    {self.double_transitions}"
+            + (f"   {self.doubles}" if self.double_transitions else ""),
+            "provider duplicates          "
+            + ", ".join(f"{p} {n}" for p, n in sorted(self.duplicates.items()))
+            + " (idempotent providers: must be 0)",
+            f"                             payment {self.payment_duplicates} "
+            "(no idempotency: uncertain charges park instead)",
+            f"repeated calls (harmless)    model generations {self.model_repeats}, "
+            f"CRM upserts {self.crm_repeat_upserts}",
+            f"completed runs missing work  {self.missing_effects}",
+            "ledger                       "
+            + ", ".join(f"{p} {n}" for p, n in sorted(self.ledger.items())),
+            f"leases taken before lapsing  {self.leases_taken_early}"
+            + (f"   (the sweeper's clock skewed {self.clock_skew} s)" if self.clock_skew else ""),
+            f"workers paused past lease    {self.pauses}   (SIGSTOP for 2.5 leases, then SIGCONT;"
+            " a write by a stale attempt counts as a double transition)",
+            "",
+            f"kills: {self.total_kills} at crash points ({self.random_point_kills} at random "
+            f"points/@n), {self.external_kills} SIGKILLs at random moments, "
+            f"{self.graceful_stops} graceful stops, {self.processes} processes started, "
+            f"{self.db_connections_terminated} database connections terminated",
+            f"  {'crash point':<28} {'kills':>5} {'planned':>7} {'missed':>6}",
+        ]
+        for point in sorted(set(self.expected_kills) | set(self.kills)):
+            lines.append(
+                f"  {point:<28} {self.kills.get(point, 0):>5} "
+                f"{self.expected_kills.get(point, 0):>7} {self.missed.get(point, 0):>6}"
+            )
+        for point, why in sorted(self.unreachable.items()):
+            lines.append(f"  {point:<28} {'-':>5} {'-':>7} {'-':>6}  not armed: {why}")
+        if self.unexpected_exits:
+            lines.append(f"unexpected exits: {len(self.unexpected_exits)}")
+            lines.extend(f"  {u}" for u in self.unexpected_exits[:10])
+        if self.doctor:
+            lines.append("")
+            lines.append("R16 invariants (onward doctor, before the workers stopped):")
+            for c in self.doctor:
+                mark = "ok " if c["ok"] else "BAD"
+                lines.append(f"  [{mark}] {c['name']:<26} {c['value']!s:<6} {c['detail']}")
+        if self.lost_runs:
+            lines.append("lost runs: " + ", ".join(self.lost_runs[:10]))
+            for d in self.lost_detail[:10]:
+                lines.append("  " + ", ".join(f"{k}={v}" for k, v in d.items()))
+        if self.log_dir:
+            lines.append(f"process logs kept in {self.log_dir}")
+        lines.append("")
+        lines.append(
+            "OK: nothing lost, nothing applied twice, no duplicate effect at an idempotent provider"
+            if self.ok
+            else "FAILED: " + ", ".join(self._problems())
+        )
+        return "\n".join(lines)
+
+    def _problems(self) -> list[str]:
+        out = []
+        if self.lost:
+            out.append(f"{self.lost} runs lost")
+        if self.double_transitions:
+            out.append(f"{self.double_transitions} transitions applied twice")
+        if self.idempotent_duplicates:
+            out.append(f"{self.idempotent_duplicates} duplicate effects at idempotent providers")
+        return out
+
+
+# -- the figures, from the rows and the ledger ----------------------------------------------------
+
+_DOUBLES = {
+    "claim_or_wait_twice": """
+        SELECT count(*) AS n FROM (
+            SELECT run_id, seq, attempt, event FROM history
+            WHERE org_id = %(org)s
+              AND event IN ('step_claimed', 'step_done', 'step_waiting', 'timer_fired')
+            GROUP BY 1, 2, 3, 4 HAVING count(*) > 1) x""",
+    "step_done_twice": """
+        SELECT count(*) AS n FROM (
+            SELECT run_id, seq FROM history WHERE org_id = %(org)s AND event = 'step_done'
+            GROUP BY 1, 2 HAVING count(*) > 1) x""",
+    "timer_fired_twice": """
+        SELECT count(*) AS n FROM (
+            SELECT detail->>'timer_id' FROM history
+            WHERE org_id = %(org)s AND event = 'timer_fired'
+            GROUP BY 1 HAVING count(*) > 1) x""",
+    "run_completed_twice": """
+        SELECT count(*) AS n FROM (
+            SELECT run_id FROM history WHERE org_id = %(org)s AND event = 'run_completed'
+            GROUP BY 1 HAVING count(*) > 1) x""",
+    "settled_by_a_stale_attempt": """
+        SELECT count(*) AS n FROM history d
+        WHERE d.org_id = %(org)s
+          AND d.event IN ('step_done', 'step_failed', 'step_parked', 'step_cancelled')
+          AND EXISTS (SELECT 1 FROM history c
+                      WHERE c.org_id = d.org_id AND c.run_id = d.run_id AND c.seq = d.seq
+                        AND c.event = 'step_claimed' AND c.attempt > d.attempt)""",
+    "steps_done_per_seq": """
+        SELECT count(*) AS n FROM (
+            SELECT run_id, seq FROM steps WHERE org_id = %(org)s
+            GROUP BY 1, 2 HAVING count(*) > 1) x""",
+}
+
+
+def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[str], set[str]]:
+    """Fill the run figures; returns the run ids that count as lost, the completed runs and
+    the runs that reached the payment step."""
+    from onward.doctor import Q as DOCTOR
+
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        by_status = {
+            r["status"]: r["n"]
+            for r in conn.execute(
+                "SELECT status, count(*) AS n FROM runs WHERE org_id = %s GROUP BY status", (org,)
+            ).fetchall()
+        }
+        report.started = sum(by_status.values())
+        report.completed = by_status.get("completed", 0)
+        report.failed = by_status.get("failed", 0)
+        parked = conn.execute(
+            """SELECT r.run_id, s.wait_kind, e.provider
+               FROM runs r
+               JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id AND s.status = 'parked'
+               LEFT JOIN effects e ON e.org_id = s.org_id AND e.run_id = s.run_id
+                                  AND e.seq = s.seq AND e.status = 'review'
+               WHERE r.org_id = %s AND r.status = 'parked'""",
+            (org,),
+        ).fetchall()
+        review = [p for p in parked if p["wait_kind"] == "review"]
+        report.parked_for_review = len(review)
+        report.parked_by_provider = dict(Counter(p["provider"] or "?" for p in review))
+        report.parked_other = by_status.get("parked", 0) - len(review)
+        unfinished = {
+            r["run_id"]
+            for r in conn.execute(
+                "SELECT run_id FROM runs WHERE org_id = %s AND status <> ALL(%s)",
+                (org, [*TERMINAL, "parked"]),
+            ).fetchall()
+        }
+        report.unfinished = len(unfinished)
+        stuck = {
+            r["run_id"]
+            for r in conn.execute(
+                DOCTOR.no_way_forward, {"settle": 0.0, "limit": 1_000_000}
+            ).fetchall()
+        }
+        report.no_way_forward = len(stuck)
+        lost = sorted(unfinished | stuck)
+        if lost:
+            rows = conn.execute(
+                """SELECT r.run_id, r.status AS run, s.seq, s.step_id, s.status AS step,
+                          s.attempt, s.owner, s.lease_until > now() AS lease_live,
+                          e.status AS effect, e.owner_token, e.lease_until > now() AS effect_live
+                   FROM runs r
+                   LEFT JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id
+                                    AND s.seq = r.current_seq
+                   LEFT JOIN effects e ON e.org_id = s.org_id AND e.run_id = s.run_id
+                                      AND e.seq = s.seq
+                   WHERE r.org_id = %s AND r.run_id = ANY(%s) ORDER BY r.run_id LIMIT 10""",
+                (org, lost),
+            ).fetchall()
+            report.lost_detail = [dict(r) for r in rows]
+        report.charged_runs = conn.execute(
+            "SELECT count(DISTINCT run_id) AS n FROM effects WHERE org_id = %s"
+            " AND provider = 'payment'",
+            (org,),
+        ).fetchone()["n"]  # type: ignore[index]
+        for name, query in _DOUBLES.items():
+            row = conn.execute(query, {"org": org}).fetchone()
+            n = int(row["n"]) if row else 0
+            if n:
+                report.doubles[name] = n
+        report.double_transitions = sum(report.doubles.values())
+        report.leases_taken_early = conn.execute(
+            "SELECT count(*) AS n FROM history WHERE org_id = %s AND event = 'lease_expired'"
+            " AND (detail->>'lease_until')::timestamptz > at",
+            (org,),
+        ).fetchone()["n"]  # type: ignore[index]
+        completed = [
+            r["run_id"]
+            for r in conn.execute(
+                "SELECT run_id FROM runs WHERE org_id = %s AND status = 'completed'", (org,)
+            ).fetchall()
+        ]
+        charged = {
+            r["run_id"]
+            for r in conn.execute(
+                "SELECT run_id FROM steps WHERE org_id = %s AND step_id = 'charge'", (org,)
+            ).fetchall()
+        }
+    return unfinished | stuck, completed, charged
+
+
+def _ledger_figures(
+    entries: list[dict[str, Any]], report: Report, completed: list[str], charged: set[str]
+) -> None:
+    per_provider = Counter(e["provider"] for e in entries)
+    report.ledger = dict(per_provider)
+    calls: dict[str, Counter[str]] = {p: Counter() for p in ("email", "crm", "model", "payment")}
+    crm_creates: Counter[str] = Counter()
+    for e in entries:
+        key = e.get("idempotency_key") or ""
+        if e["provider"] in calls:
+            calls[e["provider"]][key] += 1
+        if e["provider"] == "crm" and e["op"] == "contact.create":
+            crm_creates[key] += 1
+
+    def extra(c: Counter[str]) -> int:
+        return sum(n - 1 for n in c.values() if n > 1)
+
+    report.duplicates = {"email": extra(calls["email"]), "crm": extra(crm_creates)}
+    report.payment_duplicates = extra(calls["payment"])
+    report.model_repeats = extra(calls["model"])
+    report.crm_repeat_upserts = extra(calls["crm"])
+    missing = 0
+    for run_id in completed:
+        for step_id, provider in scenario.EFFECT_STEPS.items():
+            if step_id == "charge" and run_id not in charged:
+                continue
+            if calls[provider][f"{run_id}/{step_id}/1"] == 0:
+                missing += 1
+    report.missing_effects = missing
+
+
+# -- the runner ----------------------------------------------------------------------------------
+
+
+class _Chaos:
+    def __init__(
+        self,
+        settings: Settings,
+        url: str,
+        admin_url: str,
+        sandbox: SandboxServer,
+        report: Report,
+        *,
+        runs: int,
+        kills_per_point: int,
+        workers: int,
+        out: Out,
+        rng: random.Random,
+        log_dir: Path,
+        time_limit: float,
+        db_faults: bool,
+        skew_clock: bool,
+        duplicate_wakes: bool,
+        knobs: dict[str, dict[str, Any]],
+    ) -> None:
+        self.settings, self.url, self.admin_url = settings, url, admin_url
+        self.sandbox, self.report, self.out, self.rng = sandbox, report, out, rng
+        self.runs, self.kills_per_point, self.workers = runs, kills_per_point, workers
+        self.log_dir, self.time_limit, self.knobs = log_dir, time_limit, knobs
+        self.db_faults, self.duplicate_wakes = db_faults, duplicate_wakes
+        self.skew_lib = libfaketime() if skew_clock else None
+        report.clock_skew = CLOCK_SKEW if self.skew_lib else None
+        self.app_prefix = f"onward-chaos-{secrets.token_hex(3)}-"
+        self.config = settings_to_json(settings)
+        self.procs: dict[tuple[str, int], Proc] = {}  # the slots' current processes
+        self.warm = False  # spares are kept once the first processes are up
+        self.spares: dict[str, Proc] = {}  # one warm standby per role
+        self.retired: list[Proc] = []
+        self.generation = 0
+        self.t0 = time.monotonic()
+        self.queues: dict[str, list[Spec]] = {"worker": [], "leader": [], "starter": []}
+        self.specs_total = 0
+        self.specs_done = 0
+        self.worker_points: set[str] = set()
+        self.tail_reserve = 0
+        self.sent = 0  # events handed to the starter
+        self.batch: tuple[int, int] | None = None  # outstanding (first, last)
+        self.min_inflight = max(4, 2 * (workers + 1))
+        self.per_spec = 1.5  # runs held back per kill still to come
+        self.finished = 0
+        self.started_db = 0
+        self.external_plan: list[float] = []
+        self.pause_plan: list[float] = []
+        self.killer: BackendKiller | None = None
+        self.monitor: psycopg.Connection[dict[str, Any]] | None = None
+        self._last_progress = 0.0
+
+    # -- the schedule ---------------------------------------------------------------------------
+    def plan(self) -> None:
+        points = [p for p in POINTS if p not in UNREACHABLE]
+        unreachable = dict(UNREACHABLE)
+        if self.settings.queue == "none" and "timer.after_fire" in points:
+            unreachable["timer.after_fire"] = "queue none: no timer wakes (the sweep fires them)"
+            points.remove("timer.after_fire")
+        self.report.unreachable = unreachable
+        self.worker_points = {p for p in points if self._role(p) == "worker"}
+        rounds: list[list[Spec]] = []
+        for r in range(self.kills_per_point):
+            # the first kill of every point at its first hit (@1); later ones at a random
+            # @n; a graceful shutdown happens once per process, so always @1
+            one = [
+                Spec(p, 1 if r == 0 or p == SHUTDOWN_POINT else self.rng.randint(2, 4), "scheduled")
+                for p in points
+            ]
+            self.rng.shuffle(one)
+            rounds.append(one)
+        for p in points:
+            self.report.expected_kills[p] = self.kills_per_point
+        random_points = [p for p in points if p not in STARTER_POINTS and p != SHUTDOWN_POINT]
+        extra = max(2, len(points) * self.kills_per_point // 4)
+        randoms = [
+            Spec(self.rng.choice(random_points), self.rng.randint(2, 8), "random")
+            for _ in range(extra)
+        ]
+        for spec in [s for r in rounds for s in r]:
+            self.queues[self._role(spec.point)].append(spec)
+        for spec in randoms:
+            q = self.queues[self._role(spec.point)]
+            q.insert(self.rng.randint(len(q) // 3, len(q)), spec)
+        self.specs_total = sum(len(q) for q in self.queues.values())
+        self.tail_reserve = min(self.runs // 3, 2 * (self.workers + 1))
+        self.per_spec = max(0.5, min(1.5, (self.runs - self.min_inflight) / self.specs_total))
+        n_external = max(2, 2 * self.kills_per_point)
+        self.external_plan = sorted(self.rng.uniform(0.05, 0.95) for _ in range(n_external))
+        n_pauses = max(1, self.kills_per_point)
+        self.pause_plan = sorted(self.rng.uniform(0.1, 0.9) for _ in range(n_pauses))
+
+    @staticmethod
+    def _role(point: str) -> str:
+        if point in STARTER_POINTS:
+            return "starter"
+        if point in LEADER_POINTS:
+            return "leader"
+        return "worker"
+
+    def _armed_specs(self, exclude: Proc | None = None) -> list[Spec]:
+        seen: dict[int, Spec] = {}
+        for p in self.procs.values():
+            if p is not exclude and p.alive():
+                for spec in p.specs:
+                    if not spec.done:
+                        seen[id(spec)] = spec
+        return list(seen.values())
+
+    def specs_left(self) -> int:
+        queued = {id(x): x for q in self.queues.values() for x in q if not x.done}
+        queued.update((id(x), x) for x in self._armed_specs())
+        return len(queued)
+
+    def _armed(self, proc: Proc) -> bool:
+        return any(not spec.done for spec in proc.specs)
+
+    # -- processes ------------------------------------------------------------------------------
+    def _standby(self, role: str) -> Proc:
+        """Start a process that imports everything and waits for its ``go`` line."""
+        self.generation += 1
+        name = f"spare{self.generation}-{role}"
+        argv = [sys.executable, "-m", "onward.chaos.worker_proc"]
+        argv += ["starter" if role == "starter" else "worker", "--config", self.config]
+        argv += ["--app-prefix", self.app_prefix, "--standby"]
+        if role == "leader":
+            argv.append("--sweeper")
+        if role != "starter" and self.duplicate_wakes:
+            argv.append("--twice")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("ONWARD_CRASH_AT", None)
+        if role == "leader" and self.skew_lib:
+            env.update(LD_PRELOAD=self.skew_lib, FAKETIME=CLOCK_SKEW, FAKETIME_NO_CACHE="1")
+        log_path = self.log_dir / f"p{self.generation:04d}-{role}.log"
+        log = log_path.open("wb")
+        popen = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=env
+        )
+        self.report.processes += 1
+        return Proc(role, -1, name, popen, log_path, log, [], time.monotonic())
+
+    def _tell(self, proc: Proc, line: str) -> bool:
+        assert proc.popen.stdin is not None
+        try:
+            proc.popen.stdin.write(line.encode())
+            proc.popen.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+        return True
+
+    def spawn(self, role: str, slot: int) -> Proc:
+        """Put a process to work in a slot: the warm spare if there is one, armed with the
+        next kill of the schedule; a new spare is started behind it (once the first processes
+        are up: two CPUs importing ten interpreters at once help nobody)."""
+        proc = self.spares.pop(role, None)
+        if proc is None or not proc.alive():
+            if proc is not None:
+                self.retired.append(proc)
+            proc = self._standby(role)
+        if self.warm:
+            self.spares[role] = self._standby(role)
+        self.generation += 1
+        proc.slot = slot
+        proc.name = f"{role}{slot}-{self.generation}"
+        queue = self.queues[role]
+        proc.specs = [queue.pop(0)] if queue else []
+        if not proc.specs and role == "worker":
+            # the tail: the last planned kills are armed in every worker slot at once (the
+            # first process to reach one dies there), so the last runs cannot slip past them
+            proc.specs = [
+                x
+                for x in self._armed_specs()
+                if x.origin == "scheduled"
+                and x.point != SHUTDOWN_POINT
+                and x.point in self.worker_points
+            ]
+        for spec in proc.specs:
+            spec.tries += 1
+        proc.spawned_at = time.monotonic()
+        arm = ",".join(x.arm for x in proc.specs) or "-"
+        self._tell(proc, f"go {proc.name} {arm}\n")
+        self.procs[(role, slot)] = proc
+        return proc
+
+    def _provoke_errors(self) -> None:
+        """A handler must fail for ``worker.before_settle_error``: the next calls get a 503."""
+        with contextlib.suppress(Exception):
+            for provider in ("model", "crm", "email"):
+                knobs = dict(self.knobs.get(provider, {}))
+                self.sandbox.admin.faults(provider, **knobs, script=["503"] * 6)
+
+    def _reap(self, proc: Proc, *, stopping: bool = False) -> None:
+        rc = proc.popen.returncode
+        if not proc.log.closed:
+            proc.log.close()
+        tail = proc.tail(4000)
+        crashed_at = None
+        for line in tail.splitlines():
+            if line.startswith("onward: crash point ") and line.endswith(" reached, SIGKILL"):
+                crashed_at = line[len("onward: crash point ") : -len(" reached, SIGKILL")]
+            elif line.startswith("stats "):
+                with contextlib.suppress(ValueError):
+                    lost = json.loads(line[len("stats ") :]).get("lost", 0)
+                    self.report.stale_settles_refused += int(lost)
+        live = [x for x in proc.specs if not x.done]
+        if rc == -signal.SIGKILL and crashed_at is not None and not proc.external:
+            self.report.kills[crashed_at] = self.report.kills.get(crashed_at, 0) + 1
+            for spec in live:
+                if spec.point == crashed_at:
+                    spec.done = True
+                    self.specs_done += 1
+                    self.report.random_point_kills += int(spec.origin == "random")
+                else:
+                    self._release(proc, spec)
+        elif rc == -signal.SIGKILL and proc.external:
+            self.report.external_kills += 1
+            for spec in live:  # not its fault: try these kills again
+                self._release(proc, spec)
+        elif rc in (0, -signal.SIGTERM) and (proc.term_at is not None or stopping):
+            self.report.graceful_stops += 1
+            for spec in live:
+                if stopping:
+                    continue  # the schedule is over
+                if spec.tries < 3:  # armed, but the point never came in time
+                    self._release(proc, spec, front=False)
+                elif not any(spec is x for x in self._armed_specs(exclude=proc)):
+                    self._missed(spec)
+        else:
+            arm = ",".join(x.arm for x in proc.specs) or "-"
+            self.report.unexpected_exits.append(
+                f"{proc.name} exit {rc} (armed {arm}): " + tail[-600:].replace("\n", " | ")
+            )
+            for spec in live:
+                self._release(proc, spec)
+
+    def _release(self, proc: Proc, spec: Spec, *, front: bool = True) -> None:
+        """Put a kill back in the queue, unless another process still holds it armed."""
+        if spec.done or any(spec is x for x in self._armed_specs(exclude=proc)):
+            return
+        queue = self.queues[proc.role]
+        if any(spec is x for x in queue):
+            return
+        queue.insert(0, spec) if front else queue.append(spec)
+
+    def _missed(self, spec: Spec) -> None:
+        """A planned kill whose point never came (random extras are simply dropped)."""
+        if spec.done:
+            return
+        spec.done = True
+        self.specs_done += 1
+        if spec.origin == "scheduled":
+            self.report.missed[spec.point] = self.report.missed.get(spec.point, 0) + 1
+
+    def _parse_starter(self, proc: Proc) -> None:
+        for line in proc.read_new().splitlines():
+            if line.startswith("started "):
+                self.report.deliveries += 2
+                self.report.duplicates_acknowledged += 1 + int(line.endswith(" dup"))
+            elif line.startswith("batch ") and self.batch is not None:
+                if int(line.split()[1]) == self.batch[1]:
+                    self.batch = None
+            elif line.startswith("ready "):
+                proc.ready_at = proc.ready_at or time.monotonic()
+
+    def _check_ready(self, proc: Proc) -> None:
+        if proc.ready_at is None:
+            proc.read_new()
+            if "\nready " in "\n" + proc.text:
+                proc.ready_at = time.monotonic()
+                if any(x.point == ERROR_POINT and not x.done for x in proc.specs):
+                    self._provoke_errors()
+
+    # -- the loop -------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def schedule_done(self) -> bool:
+        return self.specs_left() == 0
+
+    def progress(self) -> float:
+        return (self.specs_done + 1) / (self.specs_total + 1)
+
+    def poll_db(self) -> None:
+        if self.monitor is None or self.monitor.closed:
+            self.monitor = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+        row = self.monitor.execute(
+            "SELECT count(*) AS started,"
+            " count(*) FILTER (WHERE status = ANY(%s)) AS finished FROM runs WHERE org_id = %s",
+            ([*TERMINAL, "parked"], self.settings.org_id),
+        ).fetchone()
+        assert row is not None
+        self.started_db, self.finished = int(row["started"]), int(row["finished"])
+
+    def target(self) -> int:
+        """How many events may have been delivered by now: in step with the kill schedule,
+        never fewer than keep ``min_inflight`` runs in flight, and holding back enough runs
+        for the kills still to come."""
+        left = self.specs_left()
+        if left == 0:
+            return self.runs
+        reserve = max(int(left * self.per_spec + 0.999), self.tail_reserve)
+        paced = max(int(self.runs * self.progress()), self.finished + self.min_inflight)
+        target = min(paced, self.runs - reserve)
+        # an armed process without work can never reach its point: keep some in flight
+        armed = sum(1 for p in self.procs.values() if self._armed(p) and p.alive())
+        target = max(target, self.finished + max(2, armed))
+        return min(target, self.runs)
+
+    def feed(self, starter: Proc) -> None:
+        if starter.ready_at is None or self.batch is not None or self.sent >= self.runs:
+            return
+        target = self.target()
+        if target > self.sent:
+            last = min(target, self.sent + 200)
+            if self._tell(starter, f"{self.sent} {last}\n"):
+                self.batch = (self.sent, last)
+                self.sent = last
+
+    def step(self) -> None:
+        now = time.monotonic()
+        for key, proc in list(self.procs.items()):
+            if proc.role == "starter":
+                self._parse_starter(proc)
+            if proc.alive():
+                if proc.role != "starter":
+                    self._check_ready(proc)
+                continue
+            self._reap(proc)
+            self.retired.append(proc)
+            if proc.role == "starter":
+                if self.batch is not None:  # died mid-batch: the sender redelivers it all
+                    pending, self.batch = self.batch, None
+                    self.sent = pending[0]
+                if self.sent >= self.runs and self.batch is None and proc.term_at is not None:
+                    del self.procs[key]
+                    continue
+            self.spawn(proc.role, proc.slot)
+        if not self.warm and (
+            all(p.ready_at is not None for p in self.procs.values()) or self.elapsed() > 10
+        ):
+            self.warm = True
+            for role in ("worker", "leader", "starter"):
+                if role not in self.spares:
+                    self.spares[role] = self._standby(role)
+        starter = self.procs.get(("starter", 0))
+        if starter is not None and starter.alive() and starter.term_at is None:
+            self.feed(starter)
+            if self.sent >= self.runs and self.batch is None:
+                for spec in self.queues["starter"]:  # start kills that can no longer come
+                    self._missed(spec)
+                self.queues["starter"].clear()
+                starter.specs = []
+                with contextlib.suppress(OSError):
+                    assert starter.popen.stdin is not None
+                    starter.popen.stdin.close()  # EOF: the starter is done
+                starter.term_at = now
+        for proc in self.procs.values():
+            if proc.role == "starter" or not proc.alive() or proc.term_at is not None:
+                continue
+            if any(x.point == SHUTDOWN_POINT and not x.done for x in proc.specs):
+                if proc.ready_at is not None and now - proc.ready_at > 1.0:
+                    proc.popen.send_signal(signal.SIGTERM)
+                    proc.term_at = now
+            elif self._armed(proc) and proc.ready_at is not None:
+                limit = 20.0 if proc.role == "leader" else 12.0
+                if now - proc.ready_at > limit:
+                    proc.popen.send_signal(signal.SIGTERM)  # give up on this kill for now
+                    proc.term_at = now
+        if self.all_finished() and not self.schedule_done():
+            self.give_up(now)
+        for proc in self.procs.values():
+            if proc.resume_at is not None and now >= proc.resume_at:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.popen.send_signal(signal.SIGCONT)  # wakes up fenced: its writes fail
+                proc.resume_at = None
+        if self.pause_plan and self.progress() >= self.pause_plan[0]:
+            victims = [
+                p
+                for p in self.procs.values()
+                if p.role == "worker"
+                and p.alive()
+                and p.ready_at
+                and p.term_at is None
+                and p.resume_at is None
+            ]
+            if victims:
+                self.pause_plan.pop(0)
+                victim = self.rng.choice(victims)
+                victim.popen.send_signal(signal.SIGSTOP)  # past its leases, then SIGCONT
+                victim.resume_at = now + 2.5 * self.settings.lease_seconds
+                self.report.pauses += 1
+        if self.external_plan and self.progress() >= self.external_plan[0]:
+            victims = [
+                p
+                for p in self.procs.values()
+                if p.role != "starter" and p.alive() and p.ready_at and p.term_at is None
+            ]
+            if victims:
+                self.external_plan.pop(0)
+                victim = self.rng.choice(victims)
+                victim.external = True
+                victim.popen.send_signal(signal.SIGKILL)
+
+    def all_finished(self) -> bool:
+        return (
+            self.sent >= self.runs
+            and self.batch is None
+            and self.started_db >= self.runs
+            and self.finished >= self.started_db
+        )
+
+    def give_up(self, now: float) -> None:
+        """Every run is finished: no process can reach a point any more. What is left of the
+        schedule is missed."""
+        for queue in self.queues.values():
+            for spec in queue:
+                self._missed(spec)
+            queue.clear()
+        for proc in self.procs.values():
+            if self._armed(proc) and proc.alive() and proc.term_at is None:
+                for spec in proc.specs:
+                    self._missed(spec)
+                proc.popen.send_signal(signal.SIGTERM)
+                proc.term_at = now
+
+    def done(self) -> bool:
+        return self.all_finished() and self.schedule_done()
+
+    def say_progress(self, force: bool = False) -> None:
+        now = self.elapsed()
+        if not force and now - self._last_progress < 5.0:
+            return
+        self._last_progress = now
+        alive = sum(1 for p in self.procs.values() if p.role != "starter" and p.alive())
+        self.out(
+            f"[chaos {now:6.1f}s] runs started {self.started_db}/{self.runs}, finished or parked "
+            f"{self.finished}; kills {self.report.total_kills} + "
+            f"{self.report.external_kills} at random moments; schedule "
+            f"{self.specs_total - self.specs_left()}/{self.specs_total}; workers alive {alive}"
+        )
+
+    def run(self) -> None:
+        self.plan()
+        if self.db_faults:
+            self.killer = BackendKiller(
+                self.admin_url, self.app_prefix, interval=1.0, seed=self.rng.randint(0, 1 << 30)
+            ).start()
+        self.spawn("leader", 0)
+        for slot in range(self.workers):
+            self.spawn("worker", slot)
+        self.spawn("starter", 0)
+        deadline = self.t0 + self.time_limit
+        moved_at, last_finished = time.monotonic(), -1
+        try:
+            while True:
+                self.step()
+                self.poll_db()
+                self.say_progress()
+                if self.done():
+                    break
+                if self.finished != last_finished:
+                    moved_at, last_finished = time.monotonic(), self.finished
+                elif (
+                    self.schedule_done()
+                    and self.sent >= self.runs
+                    and time.monotonic() - moved_at > 90
+                ):
+                    self.out("[chaos] no run moved for 90 s with nothing left to do: stalled")
+                    self.report.stalled = self.report.timed_out = True
+                    break
+                if self.schedule_done() and self.killer is not None:
+                    self._stop_killer()  # the tail runs without database faults
+                if time.monotonic() > deadline:
+                    self.report.timed_out = True
+                    break
+                if len(self.report.unexpected_exits) >= 10:
+                    self.out("[chaos] 10 processes died unplanned: stopping (see their logs)")
+                    self.report.timed_out = True
+                    break
+                time.sleep(0.1)
+        finally:
+            self._stop_killer()
+        self.say_progress(force=True)
+        if self.report.timed_out:  # where is every worker waiting? (printed into its log)
+            asked = [p for p in self.procs.values() if p.role != "starter" and p.alive()]
+            for p in asked:
+                with contextlib.suppress(ProcessLookupError):
+                    p.popen.send_signal(signal.SIGUSR1)
+            until = time.monotonic() + 5.0
+            while time.monotonic() < until and not all(" tasks ---" in p.tail() for p in asked):
+                time.sleep(0.05)
+
+    def _stop_killer(self) -> None:
+        if self.killer is not None:
+            self.killer.stop()
+            self.report.db_connections_terminated += self.killer.killed
+            self.killer = None
+
+    def stop_all(self) -> None:
+        working = [p for p in self.procs.values() if p.alive()]
+        spares = [p for p in [*self.spares.values(), *self.retired] if p.alive()]
+        for p in [*working, *spares]:
+            with contextlib.suppress(ProcessLookupError):
+                p.popen.send_signal(signal.SIGCONT)  # a paused process cannot stop otherwise
+            if p.popen.stdin is not None:
+                with contextlib.suppress(OSError):
+                    p.popen.stdin.close()  # EOF: a spare or the starter exits
+            if p in working:
+                with contextlib.suppress(ProcessLookupError):
+                    p.popen.send_signal(signal.SIGTERM)
+                p.term_at = p.term_at or time.monotonic()
+        deadline = time.monotonic() + 15
+        for p in [*working, *spares]:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
+        for p in working:
+            self._reap(p, stopping=True)
+        for p in [*self.procs.values(), *self.spares.values(), *self.retired]:
+            if not p.log.closed:
+                p.log.close()
+            if p.popen.stdin is not None and not p.popen.stdin.closed:
+                with contextlib.suppress(OSError):
+                    p.popen.stdin.close()
+        if self.monitor is not None:
+            self.monitor.close()
+
+
+async def _setup(settings: Settings, sandbox_url: str) -> None:
+    async with Engine.open(settings, migrate=False, start_queue=False, pool_size=2) as engine:
+        await engine.publish(scenario.document())
+        await scenario.add_connections(engine.integrations, settings.org_id, sandbox_url)
+
+
+async def _doctor(settings: Settings) -> list[dict[str, Any]]:
+    from onward.doctor import run_checks
+
+    async with Engine.open(settings, migrate=False, pool_size=2) as engine:
+        return [c.as_dict() for c in await run_checks(engine, grace=30.0)]
+
+
+def _clean_redis(settings: Settings) -> None:
+    if settings.queue != "redis":
+        return
+    import redis
+
+    with contextlib.suppress(Exception):
+        client = redis.Redis.from_url(settings.redis_url)
+        keys = list(client.scan_iter(f"{settings.queue_prefix}:*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def run_chaos(
+    settings: Settings,
+    *,
+    runs: int = 60,
+    kills_per_point: int = 1,
+    out: Out = print,
+    workers: int = 3,
+    seed: int | None = None,
+    time_limit: float | None = None,
+    provider_faults: bool = True,
+    db_faults: bool = True,
+    skew_clock: bool = True,
+    duplicate_wakes: bool = True,
+    keep_logs: bool = False,
+    log_dir: str | Path | None = None,
+) -> Report:
+    """Drive ``runs`` runs of the reference scenario through real processes killed at every
+    crash point ``kills_per_point`` times; see the module docstring. Blocking."""
+    if runs < 1 or kills_per_point < 0 or workers < 1:
+        raise ValueError("runs >= 1, kills_per_point >= 0 and workers >= 1")
+    seed = seed if seed is not None else secrets.randbelow(1 << 30)
+    rng = random.Random(seed)
+    admin_url = resolve_url(settings)
+    n_points = len(POINTS) - len(UNREACHABLE)
+    limit = time_limit or 120.0 + 0.4 * runs + 6.0 * n_points * kills_per_point
+    report = Report(runs=runs, queue=settings.queue, workers=workers, time_limit_s=limit)
+    own_logs = log_dir is None
+    logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="onward-chaos-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    out(
+        f"onward chaos: {runs} runs, {kills_per_point} kill(s) per crash point, "
+        f"{workers} workers, queue {settings.queue}, seed {seed}"
+    )
+    tag = f"chaos_{os.getpid()}_{secrets.token_hex(2)}"
+    with scratch_database(admin_url, tag) as url, SandboxServer() as sandbox:
+        chaos_settings = dataclasses.replace(
+            settings,
+            database_url=url,
+            queue_prefix=f"chaos{secrets.token_hex(3)}",
+            **CHAOS_TIMINGS,  # type: ignore[arg-type]
+        )
+        knobs = scenario.fault_knobs(seed, light=provider_faults)
+        scenario.configure_faults(sandbox.admin, knobs)
+        asyncio.run(_setup(chaos_settings, sandbox.url))
+        chaos = _Chaos(
+            chaos_settings,
+            url,
+            admin_url,
+            sandbox,
+            report,
+            runs=runs,
+            kills_per_point=kills_per_point,
+            workers=workers,
+            out=out,
+            rng=rng,
+            log_dir=logs,
+            time_limit=limit,
+            db_faults=db_faults,
+            skew_clock=skew_clock,
+            duplicate_wakes=duplicate_wakes,
+            knobs=knobs,
+        )
+        try:
+            chaos.run()
+            # the doctor while the workers (and the elected sweeper) still run
+            with contextlib.suppress(Exception):
+                report.doctor = asyncio.run(_doctor(chaos_settings))
+        finally:
+            chaos.stop_all()
+            _clean_redis(chaos_settings)
+        lost, completed, charged = _db_figures(url, chaos_settings.org_id, report)
+        report.lost = len(lost) + max(0, runs - report.started)
+        report.lost_runs = sorted(lost)[:20]
+        _ledger_figures(sandbox.admin.ledger(), report, completed, charged)
+    report.elapsed_s = chaos.elapsed()
+    if keep_logs or not own_logs or not report.ok or report.unexpected_exits:
+        report.log_dir = str(logs)
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
+    return report

@@ -1,0 +1,73 @@
+"""A CI-sized chaos run (``onward chaos --runs 30``): real worker, leader and starter processes
+against a real PostgreSQL and the sandbox providers, killed with SIGKILL at every crash point a
+process can reach (plus random points and random moments), with random database connections
+terminated, a worker paused (SIGSTOP) past its lease and woken, every wake delivered twice and
+out of order, and the sweeper's clock five minutes fast. It fails if any figure is wrong: a run lost, a transition applied twice, a duplicate
+effect at any provider, a completed run without its provider work, a process dying in a way
+nobody planned, a lease taken before it lapsed, or a crash point never reached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onward.chaos import run_chaos
+from onward.chaos.runner import UNREACHABLE
+from onward.chaos.scenario import charges
+from onward.config import Settings
+from onward.crashpoints import POINTS
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(300)]
+
+RUNS = 30
+
+
+def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    progress: list[str] = []
+    report = run_chaos(
+        settings,
+        runs=RUNS,
+        kills_per_point=1,
+        out=progress.append,
+        time_limit=180.0,
+        log_dir=tmp_path / "logs",
+    )
+    print("\n".join(progress))
+    print(report.render())  # shown when the test fails
+
+    assert not report.timed_out
+    assert report.ok
+    # every event started exactly one run, however often it was delivered
+    assert report.started == RUNS
+    assert report.deliveries >= 2 * RUNS
+    assert report.duplicates_acknowledged >= RUNS
+    # every run finished or waits for a person; none failed, none is stuck
+    assert report.lost == 0 and report.unfinished == 0 and report.no_way_forward == 0
+    assert report.failed == 0 and report.parked_other == 0
+    assert report.completed + report.parked_for_review == RUNS
+    assert set(report.parked_by_provider) <= {"model", "payment"}  # never email or CRM
+    assert report.charged_runs <= charges(RUNS)
+    # nothing applied twice, at home or at a provider
+    assert report.double_transitions == 0, report.doubles
+    assert report.duplicates == {"email": 0, "crm": 0}
+    assert report.payment_duplicates == 0
+    assert report.missing_effects == 0
+    assert report.ledger["email"] == report.ledger["crm"] >= report.completed
+    # the fence and the lease held, with the sweeper's clock skewed
+    assert report.leases_taken_early == 0
+    # the kills really happened, at every point a process can reach
+    assert report.unexpected_exits == []
+    reachable = set(POINTS) - set(UNREACHABLE)
+    assert set(report.expected_kills) == reachable
+    never = sorted(p for p in reachable if report.kills.get(p, 0) == 0)
+    assert never == [], f"crash points never reached: {never}"
+    assert report.external_kills >= 2
+    assert report.pauses >= 1  # a worker SIGSTOPped past its lease, then woken: fenced
+    assert report.db_connections_terminated > 0
+    # the invariant queries agree
+    doctor = {c["name"]: c for c in report.doctor}
+    assert doctor["runs_without_way_forward"]["value"] == 0
+    assert doctor["overdue_timers"]["ok"] and doctor["expired_leases"]["ok"]
