@@ -1,0 +1,42 @@
+"""Migrations: several processes migrating one empty database at once (advisory lock)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from onward.db.migrate import available, verify
+from onward.testing import TemporaryDatabases, with_database
+from tests.conftest import ADMIN_URL
+
+
+@pytest.fixture
+def empty_db(databases: TemporaryDatabases) -> Iterator[str]:
+    name = "onward_empty_migrate"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    yield with_database(ADMIN_URL, name)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_five_processes_migrating_at_once_apply_each_migration_once(empty_db: str) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "onward.cli", "--database-url", empty_db, "migrate"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(5)
+    ]
+    results = [(*p.communicate(timeout=120), p.returncode) for p in procs]
+    assert all(rc == 0 for _out, _err, rc in results), results
+    with psycopg.connect(empty_db) as conn:
+        rows = conn.execute("SELECT version FROM onward_migrations ORDER BY version").fetchall()
+    assert [r[0] for r in rows] == [m.version for m in available()]
+    assert verify(empty_db) == []
