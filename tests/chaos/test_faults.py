@@ -56,14 +56,21 @@ from onward.testing import eventually
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(120)]
 
+Sql = psycopg.Connection[dict[str, Any]]
 LEASE = 2.0
-TIMINGS = {
-    "lease_seconds": LEASE,
-    "heartbeat_seconds": 0.5,
-    "poll_seconds": 0.3,
-    "sweep_seconds": 0.3,
-    "shutdown_grace_seconds": 1.0,
-}
+
+
+def fast(settings: Settings) -> Settings:
+    """The worker processes' timings: a 2 s lease, quick polls and sweeps."""
+    return dataclasses.replace(
+        settings,
+        lease_seconds=LEASE,
+        heartbeat_seconds=0.5,
+        poll_seconds=0.3,
+        sweep_seconds=0.3,
+        shutdown_grace_seconds=1.0,
+    )
+
 
 # wait -> CRM -> email -> done: effects only at idempotent providers (they never park)
 EFFECTS_FLOW = (
@@ -132,7 +139,7 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
         app_prefix: str = "",
         **env: str,
     ) -> Proc:
-        config = settings_to_json(dataclasses.replace(settings, **TIMINGS))  # type: ignore[arg-type]
+        config = settings_to_json(fast(settings))
         argv = [sys.executable, "-m", "onward.chaos.worker_proc", "worker"]
         argv += ["--config", config, "--name", name, "--app-prefix", app_prefix]
         if sweeper:
@@ -185,9 +192,7 @@ def stats_of(proc: Proc) -> dict[str, int]:
 
 
 # -- rows --------------------------------------------------------------------------------------
-def history(
-    sql: psycopg.Connection, run_id: str, *names: str, seq: int | None = None
-) -> list[dict[str, Any]]:
+def history(sql: Sql, run_id: str, *names: str, seq: int | None = None) -> list[dict[str, Any]]:
     rows = sql.execute(
         "SELECT event, seq, attempt, worker, at, detail FROM history WHERE run_id = %s"
         " AND event = ANY(%s::text[]) AND (%s::int IS NULL OR seq = %s::int) ORDER BY event_id",
@@ -196,7 +201,7 @@ def history(
     return [dict(r) for r in rows]
 
 
-def nothing_applied_twice(sql: psycopg.Connection) -> None:
+def nothing_applied_twice(sql: Sql) -> None:
     twice = sql.execute(
         """SELECT run_id, seq, attempt, event, count(*) AS n FROM history
            WHERE event IN ('step_claimed', 'step_done', 'timer_fired', 'step_waiting')
@@ -292,7 +297,7 @@ async def connect(engine: Engine, sandbox: SandboxServer) -> None:
 async def test_a_worker_paused_past_its_lease_is_fenced_when_it_wakes(
     settings: Settings,
     engine: Engine,
-    sql: psycopg.Connection,
+    sql: Sql,
     sandbox: SandboxServer,
     admin: SandboxAdmin,
     spawn: Spawn,
@@ -356,7 +361,7 @@ async def test_a_worker_paused_past_its_lease_is_fenced_when_it_wakes(
 
 # -- Redis killed --------------------------------------------------------------------------------
 async def test_with_its_redis_killed_mid_load_every_run_finishes_through_the_sweep(
-    settings: Settings, engine: Engine, sql: psycopg.Connection, spawn: Spawn
+    settings: Settings, engine: Engine, sql: Sql, spawn: Spawn
 ) -> None:
     await engine.publish(WAIT_FLOW)
     with RedisServer() as redis_server:
@@ -435,7 +440,7 @@ async def test_postgres_restarted_mid_load_workers_reconnect_and_carry_on(
 async def test_a_provider_hanging_past_the_lease_is_never_called_twice(
     settings: Settings,
     engine: Engine,
-    sql: psycopg.Connection,
+    sql: Sql,
     sandbox: SandboxServer,
     admin: SandboxAdmin,
     spawn: Spawn,
@@ -490,7 +495,7 @@ async def test_random_database_connection_failures_while_50_runs_flow(
     settings: Settings,
     db_url: str,
     engine: Engine,
-    sql: psycopg.Connection,
+    sql: Sql,
     sandbox: SandboxServer,
     admin: SandboxAdmin,
     spawn: Spawn,
@@ -518,7 +523,7 @@ async def test_random_database_connection_failures_while_50_runs_flow(
 
 # -- every wake twice, out of order --------------------------------------------------------------
 async def test_every_wake_delivered_twice_and_out_of_order_changes_nothing_twice(
-    settings: Settings, engine: Engine, sql: psycopg.Connection, spawn: Spawn
+    settings: Settings, engine: Engine, sql: Sql, spawn: Spawn
 ) -> None:
     await engine.publish(WAIT_FLOW)
     procs = [spawn(settings, f"proc-{n}", sweeper=n == "a", twice=True) for n in "abc"]
@@ -536,7 +541,7 @@ async def test_every_wake_delivered_twice_and_out_of_order_changes_nothing_twice
 async def test_a_generation_whose_answer_was_lost_is_generated_again_not_parked(
     settings: Settings,
     engine: Engine,
-    sql: psycopg.Connection,
+    sql: Sql,
     sandbox: SandboxServer,
     admin: SandboxAdmin,
 ) -> None:

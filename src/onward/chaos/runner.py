@@ -15,7 +15,7 @@ Processes (all ``python -m onward.chaos.worker_proc``, each with its own ``appli
 Every slot is respawned when its process dies, from a warm spare that has already imported
 everything (``--standby``), armed (``point@n``, exactly what ``ONWARD_CRASH_AT`` does) with the
 next kill of a schedule that takes every crash point a process can reach ``kills_per_point``
-times (the first round at ``@1``, later ones at a random ``@2..4``), plus random points at a
+times (the first round at ``@1``, later ones at a random ``@2..4``), then random points at a
 random ``@n``. Once the schedule is empty, the kills still armed are armed in every worker
 slot, so the last runs cannot slip past them. Besides, the runner SIGKILLs random processes at
 random moments, pauses a worker with SIGSTOP past its leases and wakes it with SIGCONT, and a
@@ -534,9 +534,8 @@ class _Chaos:
         ]
         for spec in [s for r in rounds for s in r]:
             self.queues[self._role(spec.point)].append(spec)
-        for spec in randoms:
-            q = self.queues[self._role(spec.point)]
-            q.insert(self.rng.randint(len(q) // 3, len(q)), spec)
+        for spec in randoms:  # after the planned ones: if runs run short, they are what is lost
+            self.queues[self._role(spec.point)].append(spec)
         self.specs_total = sum(len(q) for q in self.queues.values())
         self.tail_reserve = min(self.runs // 3, 2 * (self.workers + 1))
         self.per_spec = max(0.5, min(1.5, (self.runs - self.min_inflight) / self.specs_total))
@@ -757,8 +756,8 @@ class _Chaos:
         paced = max(int(self.runs * self.progress()), self.finished + self.min_inflight)
         target = min(paced, self.runs - reserve)
         # an armed process without work can never reach its point: keep some in flight
-        armed = sum(1 for p in self.procs.values() if self._armed(p) and p.alive())
-        target = max(target, self.finished + max(2, armed))
+        armed = any(self._armed(p) and p.alive() for p in self.procs.values())
+        target = max(target, self.finished + (2 if armed else 0))
         return min(target, self.runs)
 
     def feed(self, starter: Proc) -> None:
@@ -945,6 +944,20 @@ class _Chaos:
             while time.monotonic() < until and not all(" tasks ---" in p.tail() for p in asked):
                 time.sleep(0.05)
 
+    def wait_for_leader(self, timeout: float) -> bool:
+        until = time.monotonic() + timeout
+        while time.monotonic() < until:
+            with contextlib.suppress(psycopg.Error):
+                if self.monitor is None or self.monitor.closed:
+                    self.monitor = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+                row = self.monitor.execute(
+                    "SELECT lease_until > now() AS live FROM leader_leases WHERE name = 'sweeper'"
+                ).fetchone()
+                if row is not None and row["live"]:
+                    return True
+            time.sleep(0.1)
+        return False
+
     def _stop_killer(self) -> None:
         if self.killer is not None:
             self.killer.stop()
@@ -1073,7 +1086,9 @@ def run_chaos(
         )
         try:
             chaos.run()
-            # the doctor while the workers (and the elected sweeper) still run
+            # the doctor while the workers still run, once a sweeper leads again (a leader
+            # killed at the end leaves the election open for one lease)
+            chaos.wait_for_leader(timeout=15.0)
             with contextlib.suppress(Exception):
                 report.doctor = asyncio.run(_doctor(chaos_settings))
         finally:
