@@ -5,7 +5,12 @@ The hierarchy::
     OnwardError
     ├── ConfigError                 bad configuration (env var, flag); fix it and restart
     ├── InvalidAutomation           an automation document is malformed; nothing was stored
+    ├── InvalidInput                a payload, id or document cannot be stored as sent (too
+    │                               deep, NUL, lone surrogate, NaN, too large a number, ...)
     ├── UnknownRun                  no run with that id in that organisation
+    ├── UnknownAutomation           no published automation (or version) with that id
+    ├── UnknownConnection           no connection with that id in that organisation
+    ├── Unavailable                 the database cannot be reached now: try again later
     ├── PayloadTooLarge             an input/payload exceeds the configured limit; nothing stored
     ├── QueueMisconfigured          the queue cannot be used safely (e.g. Redis may evict keys)
     ├── LeaseLost                   this worker's fencing token is stale: stop, write nothing
@@ -24,6 +29,7 @@ Step kinds raise the ``StepError`` family; the worker turns each into one durabl
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 
@@ -43,6 +49,21 @@ class InvalidAutomation(OnwardError):
         super().__init__("invalid automation: " + "; ".join(self.problems))
 
 
+class InvalidInput(OnwardError):
+    """Input that cannot be stored as sent: a JSON or YAML body nested too deep, a ``\\u0000``
+    or a lone surrogate in a string, ``NaN`` or a number PostgreSQL's jsonb cannot hold, a
+    document whose aliases expand past the limit. Nothing was stored."""
+
+
+class Unavailable(OnwardError):
+    """The database cannot be reached right now; nothing was changed. Try again after
+    ``retry_after`` seconds."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class UnknownRun(OnwardError):
     """No run with this id exists in this organisation."""
 
@@ -53,6 +74,14 @@ class UnknownRun(OnwardError):
 
 class UnknownAutomation(OnwardError):
     """No published automation (or version) with this id exists."""
+
+
+class UnknownConnection(OnwardError):
+    """No connection with this id exists in this organisation."""
+
+    def __init__(self, org_id: str, connection_id: str) -> None:
+        self.org_id, self.connection_id = org_id, connection_id
+        super().__init__(f"unknown connection {connection_id!r} in organisation {org_id!r}")
 
 
 class PayloadTooLarge(OnwardError):
@@ -88,17 +117,23 @@ class RetryableError(StepError):
 
 
 class RateLimited(RetryableError):
-    """The provider asked us to slow down; ``retry_after`` (seconds) wins over our backoff."""
+    """The provider asked us to slow down; its wait wins over our backoff.
+
+    ``retry_after``: seconds to wait (``Retry-After: 120``). ``retry_at``: an absolute instant
+    (``Retry-After: <HTTP-date>``); the worker turns it into a delay against the *database's*
+    clock, never its own, so a worker whose clock runs fast does not retry at once."""
 
     def __init__(
         self,
         message: str,
         *,
         retry_after: float | None = None,
+        retry_at: datetime | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message, detail=detail)
         self.retry_after = retry_after
+        self.retry_at = retry_at
 
 
 class AuthorizationError(StepError):
