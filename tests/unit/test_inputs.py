@@ -70,7 +70,7 @@ def test_a_shared_node_counts_each_time_and_the_walk_stops_early() -> None:
 
 def test_check_text() -> None:
     assert check_text("evt_1", "X-Event-Id") == "evt_1"
-    with pytest.raises(InvalidInput, match="X-Event-Id: .*NUL"):
+    with pytest.raises(InvalidInput, match=r"X-Event-Id: .*NUL"):
         check_text("a\x00b", "X-Event-Id")
     with pytest.raises(InvalidInput, match="lone surrogate"):
         check_text("a\udfffb", "automation id")
