@@ -37,32 +37,23 @@ WITH c AS (
     WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
     RETURNING org_id, connection_id
 ),
-s AS (
-    UPDATE steps st
-    SET status = 'ready', wait_kind = NULL, available_at = now(), updated_at = now(),
-        wake = jsonb_build_object('by', 'reconnect', 'connection_id', c.connection_id)
-    FROM c
-    WHERE st.org_id = c.org_id AND st.status = 'parked' AND st.wait_kind = 'reconnect'
+to_ready AS (
+    SELECT st.org_id, st.run_id, st.seq, 'parked' AS from_status, NULL::int AS attempt,
+           now() AS available_at,
+           jsonb_build_object('by', 'reconnect', 'connection_id', c.connection_id) AS wake,
+           NULL::jsonb AS error, 'step_resumed' AS event, NULL::text AS worker,
+           jsonb_build_object('by', 'reconnect', 'connection_id', c.connection_id) AS detail
+    FROM steps st JOIN c ON st.org_id = c.org_id
+    WHERE st.status = 'parked' AND st.wait_kind = 'reconnect'
       AND st.error ->> 'connection' = c.connection_id
-    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt
 ),
+{{make_ready}},
 r AS (
     UPDATE runs SET status = 'active', status_reason = NULL, updated_at = now()
-    FROM s WHERE runs.org_id = s.org_id AND runs.run_id = s.run_id AND runs.status = 'parked'
-),
-wake AS (
-    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
-    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
-           jsonb_build_object('run_id', run_id, 'seq', seq)
-    FROM s
-),
-hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
-    SELECT org_id, run_id, 'step_resumed', seq, step_id,
-           jsonb_build_object('by', 'reconnect', 'connection_id', %(connection_id)s::text)
-    FROM s
+    FROM ready
+    WHERE runs.org_id = ready.org_id AND runs.run_id = ready.run_id AND runs.status = 'parked'
 )
-SELECT run_id, seq FROM s;
+SELECT run_id, seq FROM ready;
 
 -- name: mark_checked
 -- A health probe answered.

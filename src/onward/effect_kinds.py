@@ -55,11 +55,11 @@ class HttpParams(_Base):
 
 
 def _integrations(step: StepContext) -> Integrations:
-    if not isinstance(step.services, Integrations):
+    if not isinstance(step.integrations, Integrations):
         raise PermanentError(
             f"step kind {step.kind} needs the engine's integrations (run it with Engine.running())"
         )
-    return step.services
+    return step.integrations
 
 
 def _render(step: StepContext, value: str) -> str:

@@ -1,5 +1,5 @@
 """The engine: one object that holds the pool, the queue and the registry, and starts the
-background services of a process (workers, relay, sweeper).
+background tasks of a process (worker, relay, sweeper).
 
     async with Engine.open() as engine:          # embedded PostgreSQL if no URL is set
         await engine.publish(document)
@@ -26,8 +26,7 @@ from onward.connections import Integrations
 from onward.db import Pool, make_pool, resolve_url
 from onward.db.migrate import apply as apply_migrations
 from onward.effects import Effects
-from onward.errors import UnknownRun
-from onward.history import list_runs, run_view
+from onward.history import list_runs, run_status, run_view
 from onward.kinds import Registry
 from onward.kinds import registry as default_registry
 from onward.outbox import Relay
@@ -42,8 +41,8 @@ TERMINAL = frozenset({"completed", "failed", "cancelled", "exceeded"})
 
 
 @dataclass
-class Services:
-    """The background services running in this process."""
+class Background:
+    """The background tasks running in this process: worker, relay, sweeper."""
 
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     worker: Worker | None = None
@@ -134,14 +133,7 @@ class Engine:
         return await list_runs(self.pool, self.org_id, **filters)
 
     async def status(self, run_id: str) -> str:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT status FROM runs WHERE org_id = %s AND run_id = %s", (self.org_id, run_id)
-            )
-            row = await cur.fetchone()
-        if row is None:
-            raise UnknownRun(self.org_id, run_id)
-        return str(row["status"])
+        return await run_status(self.pool, self.org_id, run_id)
 
     async def wait(self, run_id: str, *, timeout: float = 60.0, poll: float = 0.05) -> str:
         """Wait until the run is in a terminal state (or parked); returns its status."""
@@ -154,17 +146,19 @@ class Engine:
                 raise TimeoutError(f"run {run_id} still {status} after {timeout}s")
             await asyncio.sleep(poll)
 
-    # -- background services ---------------------------------------------------------------
-    def services(
+    # -- background tasks ------------------------------------------------------------------
+    def background(
         self,
         *,
         worker: bool = True,
         relay: bool = True,
         sweeper: bool = True,
         lanes: dict[str, int] | None = None,
-        extra: Any = None,
-    ) -> Services:
-        svc = Services()
+        integrations: Any = None,
+    ) -> Background:
+        """The background tasks of this process (not started: ``run_background`` runs them).
+        ``integrations`` replaces what step kinds reach as ``step.integrations``."""
+        svc = Background()
         kick = asyncio.Event()
         if worker:
             svc.worker = Worker(
@@ -175,7 +169,7 @@ class Engine:
                 versions=self.versions,
                 worker_id=self.id,
                 lanes=lanes,
-                services=extra if extra is not None else self.integrations,
+                integrations=integrations if integrations is not None else self.integrations,
             )
         if relay:
             svc.relay = Relay(self.pool, self.queue, batch=self.settings.relay_batch, kick=kick)
@@ -185,8 +179,8 @@ class Engine:
             )
         return svc
 
-    async def run_services(self, svc: Services) -> None:
-        """Run the given services until ``svc.stop`` is set; then shut them down gracefully."""
+    async def run_background(self, svc: Background) -> None:
+        """Run the given tasks until ``svc.stop`` is set; then shut them down gracefully."""
         if svc.worker is not None:
             svc.tasks.append(asyncio.create_task(svc.worker.run(svc.stop)))
         if svc.relay is not None:
@@ -203,10 +197,10 @@ class Engine:
             await asyncio.gather(*svc.tasks, return_exceptions=True)
 
     @contextlib.asynccontextmanager
-    async def running(self, **kw: Any) -> AsyncIterator[Services]:
+    async def running(self, **kw: Any) -> AsyncIterator[Background]:
         """Run worker, relay and sweeper in this process for the duration of the block."""
-        svc = self.services(**kw)
-        task = asyncio.create_task(self.run_services(svc))
+        svc = self.background(**kw)
+        task = asyncio.create_task(self.run_background(svc))
         try:
             yield svc
         finally:

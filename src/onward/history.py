@@ -30,6 +30,16 @@ async def run_view(pool: Pool, org_id: str, run_id: str) -> dict[str, Any]:
     return {"run": run, "steps": steps, "history": events}
 
 
+async def run_status(pool: Pool, org_id: str, run_id: str) -> str:
+    """The run's status; ``UnknownRun`` if there is no such run in this organisation."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(Q.run_status, {"org_id": org_id, "run_id": run_id})
+        row = await cur.fetchone()
+    if row is None:
+        raise UnknownRun(org_id, run_id)
+    return str(row["status"])
+
+
 async def list_runs(
     pool: Pool,
     org_id: str,

@@ -12,6 +12,10 @@ SELECT run_id, automation_id, version, start_key, start_key_kind, status, status
        input, ctx, current_seq, steps_executed, max_steps, deadline_at, created_at, finished_at
 FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
 
+-- name: run_status
+-- One run's status (polled by Engine.wait).
+SELECT status FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
+
 -- name: steps_of_run
 -- The step rows of one run.
 SELECT seq, step_id, kind, lane, iteration, status, attempt, owner, lease_until, available_at,

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from onward import ids
 from onward.automations.document import RetryPolicy, StepDef
 
 LANES = ("fast", "io", "slow", "wait")
@@ -71,11 +72,11 @@ class StepContext:
     wake: dict[str, Any] | None
     definition: StepDef
     lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
-    services: Any = None  # the worker's shared services (connectors, effects store, ...)
+    integrations: Any = None  # the engine's connections and effect store (onward.connections)
 
     @property
     def effect_key(self) -> str:
-        return f"{self.run_id}/{self.step_id}/{self.iteration}"
+        return ids.effect_key(self.run_id, self.step_id, self.iteration)
 
     @property
     def env(self) -> dict[str, Any]:

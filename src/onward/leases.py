@@ -5,7 +5,11 @@
   was taken over, and its task must stop.
 * every ``settle_*`` writes only ``WHERE attempt = token AND status = 'running'``: a worker
   whose lease was taken over writes nothing (0 rows) and drops its result.
-* ``release`` hands steps back at once at graceful shutdown (``lease_until = now()``).
+* ``release`` hands steps back at once at graceful shutdown; ``rescue_expired`` (the
+  sweeper) makes steps whose lease lapsed ready again.
+
+Every transition that makes a step ready writes the step row, its outbox wake and its history
+row through the shared fragment ``make_ready``/``announce_ready`` (``db/fragments.sql``).
 
 Each function is one statement (one round trip, one commit in autocommit mode); the SQL is in
 ``leases.sql``. Times are always the database's ``now()``.
@@ -15,12 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from onward.db import Conn
 from onward.db.sql import Queries
+from onward.policy import NextStep
 
 Q = Queries(__package__, "leases.sql")
 
@@ -74,16 +80,8 @@ async def heartbeat(conn: Conn, tokens: Sequence[Token], lease: float) -> set[tu
 
 
 @dataclass(frozen=True)
-class NextStep:
-    step_id: str
-    kind: str
-    lane: str
-    iteration: int
-
-
-@dataclass(frozen=True)
-class Advance:
-    """One step's settle for ``settle_advance_many``."""
+class AdvanceSettle:
+    """One step's settle for ``settle_advance_many``: done (or skipped) and the next step."""
 
     token: Token
     output: Any
@@ -95,7 +93,7 @@ class Advance:
 
 
 async def settle_advance_many(
-    conn: Conn, items: Sequence[Advance], *, worker: str, lease: float
+    conn: Conn, items: Sequence[AdvanceSettle], *, worker: str, lease: float
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Settle several steps (of different runs) in one statement and one commit. Returns the
     run row per (org_id, run_id) that settled; a missing key means that step's lease was lost."""
@@ -141,7 +139,7 @@ async def settle_advance(
     None: the lease was lost."""
     rows = await settle_advance_many(
         conn,
-        [Advance(token, output, vars, next_step, eager, detail, skipped)],
+        [AdvanceSettle(token, output, vars, next_step, eager, detail, skipped)],
         worker=worker,
         lease=lease,
     )
@@ -159,10 +157,25 @@ async def settle_wait_timer(
 
 
 async def settle_retry(
-    conn: Conn, token: Token, *, worker: str, delay: float, error: dict[str, Any]
+    conn: Conn,
+    token: Token,
+    *,
+    worker: str,
+    delay: float,
+    error: dict[str, Any],
+    retry_at: datetime | None = None,
 ) -> bool:
+    """Ready again after ``delay`` seconds, or at ``retry_at`` if later (by the database's
+    clock: a provider's HTTP-date is never compared with this process's clock)."""
     cur = await conn.execute(
-        Q.settle_retry, {**token.args(), "worker": worker, "delay": delay, "error": Jsonb(error)}
+        Q.settle_retry,
+        {
+            **token.args(),
+            "worker": worker,
+            "delay": delay,
+            "error": Jsonb(error),
+            "retry_at": retry_at,
+        },
     )
     return await cur.fetchone() is not None
 
@@ -209,3 +222,10 @@ async def release(conn: Conn, tokens: Sequence[Token], worker: str) -> int:
         },
     )
     return len(await cur.fetchall())
+
+
+async def rescue_expired(conn: Conn, *, limit: int, worker: str) -> int:
+    """Make steps whose lease lapsed ready again (the sweeper's backstop); returns how many."""
+    cur = await conn.execute(Q.rescue_expired, {"limit": limit, "worker": worker})
+    row = await cur.fetchone()
+    return int(row["rescued"]) if row else 0

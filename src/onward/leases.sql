@@ -98,29 +98,37 @@ next AS (
            CASE WHEN dx.eager THEN now() + make_interval(secs => %(lease)s) END
     FROM dx
     WHERE dx.next_step_id IS NOT NULL
+    RETURNING org_id, run_id, seq, step_id, lane, attempt, available_at, status
 ),
-wake AS (
-    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
-    SELECT dx.org_id, 'step', 'wake:' || dx.run_id || ':' || (dx.seq + 1) || ':1', dx.next_lane,
-           jsonb_build_object('run_id', dx.run_id, 'seq', dx.seq + 1)
-    FROM dx
-    WHERE dx.next_step_id IS NOT NULL AND NOT dx.eager
-),
-hist AS (
+settled AS (
+    -- the settled step's history, then (eager) the successor's claim or the run's end; a
+    -- successor that is ready is announced below, after these rows (it reads them first)
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT dx.org_id, dx.run_id, e.event, e.seq, e.step_id, e.attempt, %(worker)s, e.detail
     FROM dx CROSS JOIN LATERAL (VALUES
         (1, 'step_' || dx.done_status, dx.seq, dx.step_id, dx.attempt, dx.detail),
         (2, CASE WHEN dx.next_step_id IS NULL THEN 'run_completed'
-                 WHEN dx.eager THEN 'step_claimed' ELSE 'step_ready' END,
-         CASE WHEN dx.next_step_id IS NULL THEN NULL ELSE dx.seq + 1 END,
-         dx.next_step_id,
+                 WHEN dx.eager THEN 'step_claimed' END,
+         CASE WHEN dx.eager THEN dx.seq + 1 END,
+         CASE WHEN dx.eager THEN dx.next_step_id END,
          CASE WHEN dx.eager THEN 1 END,
-         CASE WHEN dx.next_step_id IS NULL THEN NULL
-              ELSE jsonb_build_object('lane', dx.next_lane, 'iteration', dx.next_iteration) END)
+         CASE WHEN dx.eager THEN jsonb_build_object('lane', dx.next_lane,
+                                                    'iteration', dx.next_iteration) END)
     ) AS e(ord, event, seq, step_id, attempt, detail)
+    WHERE e.event IS NOT NULL
     ORDER BY dx.run_id, e.ord
-)
+    RETURNING org_id, run_id
+),
+ready AS (
+    SELECT n.org_id, n.run_id, n.seq, n.step_id, n.lane, n.attempt, n.available_at AS deliver_at,
+           'step_ready' AS event, %(worker)s::text AS worker,
+           jsonb_build_object('lane', n.lane, 'iteration', dx.next_iteration) AS detail
+    FROM next n
+    JOIN dx ON dx.org_id = n.org_id AND dx.run_id = n.run_id
+    WHERE n.status = 'ready'
+      AND EXISTS (SELECT 1 FROM settled h WHERE h.org_id = n.org_id AND h.run_id = n.run_id)
+),
+{{announce_ready}}
 SELECT * FROM run;
 
 -- name: settle_wait_timer
@@ -151,7 +159,7 @@ org AS (
 ),
 wake AS (
     INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)
-    SELECT t.org_id, 'timer', 'timer:' || t.org_id || ':' || t.timer_id || ':' || t.wake_n, w.lane,
+    SELECT t.org_id, 'timer', onward_timer_wake_id(t.org_id, t.timer_id, t.wake_n), w.lane,
            jsonb_build_object('timer_id', t.timer_id, 'run_id', t.run_id, 'seq', t.seq), t.due_at
     FROM t JOIN w ON true
 ),
@@ -165,30 +173,22 @@ hist AS (
 SELECT timer_id, due_at FROM t;
 
 -- name: settle_retry
--- A retryable failure: the step becomes ready again after the backoff (available_at), with a
--- delayed wake whose job id names the next attempt.
-WITH s AS (
-    UPDATE steps
-    SET status = 'ready', owner = NULL, lease_until = NULL, error = %(error)s,
-        available_at = now() + make_interval(secs => %(delay)s), updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
-      AND attempt = %(attempt)s AND status = 'running'
-    RETURNING org_id, run_id, seq, step_id, lane, attempt, available_at
+-- A retryable failure: the step becomes ready again after the backoff, with a delayed wake
+-- whose job id names the next attempt. A provider's HTTP-date Retry-After arrives as
+-- %(retry_at)s and is compared with the database's clock, never the worker's.
+WITH to_ready AS (
+    SELECT %(org_id)s::text AS org_id, %(run_id)s::text AS run_id, %(seq)s::int AS seq,
+           'running' AS from_status, %(attempt)s::int AS attempt, at.available_at,
+           NULL::jsonb AS wake, %(error)s::jsonb AS error, 'step_retry' AS event,
+           %(worker)s::text AS worker,
+           jsonb_build_object('error', %(error)s::jsonb,
+                              'delay_s', extract(epoch FROM at.available_at - now())::float8,
+                              'retry_at', at.available_at) AS detail
+    FROM (SELECT greatest(now() + make_interval(secs => %(delay)s),
+                          coalesce(%(retry_at)s::timestamptz, '-infinity')) AS available_at) at
 ),
-wake AS (
-    INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)
-    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
-           jsonb_build_object('run_id', run_id, 'seq', seq), available_at
-    FROM s
-),
-hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
-    SELECT org_id, run_id, 'step_retry', seq, step_id, attempt, %(worker)s,
-           jsonb_build_object('error', %(error)s::jsonb, 'delay_s', %(delay)s::float8,
-                              'retry_at', available_at)
-    FROM s
-)
-SELECT available_at FROM s;
+{{make_ready}}
+SELECT deliver_at AS available_at FROM ready;
 
 -- name: settle_stop
 -- The step ends without a successor and so does the run: failed (a permanent error or its
@@ -222,57 +222,30 @@ hist AS (
 SELECT count(*) AS settled FROM s;
 
 -- name: release
--- Graceful shutdown: hand unfinished steps back at once (lease_until = now()) instead of making
--- another worker wait out the lease. The attempt is kept; the next claim increments it.
-WITH s AS (
-    UPDATE steps st
-    SET status = 'ready', owner = NULL, lease_until = now(), available_at = now(),
-        updated_at = now()
+-- Graceful shutdown: hand unfinished steps back at once instead of making another worker wait
+-- out the lease. The attempt is kept; the next claim increments it.
+WITH to_ready AS (
+    SELECT h.org_id, h.run_id, h.seq, 'running' AS from_status, h.attempt,
+           now() AS available_at, NULL::jsonb AS wake, NULL::jsonb AS error,
+           'step_released' AS event, %(worker)s::text AS worker, NULL::jsonb AS detail
     FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[])
          AS h(org_id, run_id, seq, attempt)
-    WHERE st.org_id = h.org_id AND st.run_id = h.run_id AND st.seq = h.seq
-      AND st.attempt = h.attempt AND st.status = 'running'
-    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt
 ),
-wake AS (
-    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
-    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
-           jsonb_build_object('run_id', run_id, 'seq', seq)
-    FROM s
-),
-hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)
-    SELECT org_id, run_id, 'step_released', seq, step_id, attempt, %(worker)s FROM s
-)
-SELECT run_id, seq FROM s;
+{{make_ready}}
+SELECT run_id, seq FROM ready;
 
 -- name: rescue_expired
 -- Steps whose lease ran out (their worker died or stalled) become ready again, with a wake.
 -- Run by the elected sweeper, bounded per call. The stale worker's attempt stays fenced.
-WITH picked AS (
-    SELECT org_id, run_id, seq FROM steps
+WITH to_ready AS (
+    SELECT org_id, run_id, seq, 'running' AS from_status, attempt, now() AS available_at,
+           NULL::jsonb AS wake, NULL::jsonb AS error, 'lease_expired' AS event,
+           %(worker)s::text AS worker, jsonb_build_object('lease_until', lease_until) AS detail
+    FROM steps
     WHERE status = 'running' AND lease_until < now()
     ORDER BY lease_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
-s AS (
-    UPDATE steps st
-    SET status = 'ready', owner = NULL, available_at = now(), updated_at = now()
-    FROM picked p
-    WHERE st.org_id = p.org_id AND st.run_id = p.run_id AND st.seq = p.seq
-    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt, st.lease_until
-),
-wake AS (
-    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
-    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
-           jsonb_build_object('run_id', run_id, 'seq', seq)
-    FROM s
-),
-hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
-    SELECT org_id, run_id, 'lease_expired', seq, step_id, attempt, %(worker)s,
-           jsonb_build_object('lease_until', lease_until)
-    FROM s
-)
-SELECT count(*) AS rescued FROM s;
+{{make_ready}}
+SELECT count(*) AS rescued FROM ready;

@@ -20,7 +20,7 @@ import logging
 import psycopg
 
 from onward.crashpoints import crash_point
-from onward.db import Pool
+from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.queue.base import Queue, Wake
 
@@ -87,20 +87,26 @@ class Relay:
             except (psycopg.OperationalError, OSError, ConnectionError) as exc:
                 log.warning("relay: publish failed (%s); rows stay unsent and are retried", exc)
                 n = 0
-                await _sleep_or(stop, 1.0)
+                await sleep_or(stop, 1.0)
             except Exception:
                 # Anything else must not end the relay silently (R16): log it, keep the rows
                 # unsent, and try again; doctor's stale_outbox check shows a relay that is stuck.
                 log.exception("relay: unexpected error; rows stay unsent and are retried")
                 n = 0
-                await _sleep_or(stop, 1.0)
+                await sleep_or(stop, 1.0)
             if n >= self.batch:
                 continue
             self.kick.clear()
-            await _sleep_or(stop, self.poll_seconds, self.kick)
+            await sleep_or(stop, self.poll_seconds, self.kick)
 
 
-async def _sleep_or(stop: asyncio.Event, seconds: float, *events: asyncio.Event) -> None:
+async def prune_sent(conn: Conn, *, keep_seconds: float, limit: int) -> int:
+    """Remove sent rows older than ``keep_seconds``, at most ``limit``; returns how many."""
+    cur = await conn.execute(Q.prune_sent, {"keep": keep_seconds, "limit": limit})
+    return cur.rowcount or 0
+
+
+async def sleep_or(stop: asyncio.Event, seconds: float, *events: asyncio.Event) -> None:
     """Sleep up to ``seconds``, returning early when ``stop`` or any event is set."""
     waiters = [asyncio.ensure_future(e.wait()) for e in (stop, *events)]
     try:

@@ -26,29 +26,29 @@ run AS (
     ON CONFLICT (org_id, start_key) DO NOTHING
     RETURNING org_id, run_id, version
 ),
+started AS (
+    INSERT INTO history (org_id, run_id, event, detail)
+    SELECT run.org_id, run.run_id, 'run_started',
+           jsonb_build_object('automation_id', %(automation_id)s::text, 'version', v.version,
+                              'start_key', %(start_key)s::text,
+                              'start_key_kind', %(start_key_kind)s::text)
+    FROM run, v
+    RETURNING org_id, run_id
+),
 step AS (
     INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status)
     SELECT run.org_id, run.run_id, 1, v.start_step_id, v.start_kind, v.start_lane, 1, 'ready'
     FROM run, v
+    RETURNING org_id, run_id, seq, step_id, lane, attempt, available_at
 ),
-wake AS (
-    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
-    SELECT run.org_id, 'step', 'wake:' || run.run_id || ':1:1', v.start_lane,
-           jsonb_build_object('run_id', run.run_id, 'seq', 1)
-    FROM run, v
+ready AS (
+    -- joined with `started` so the run's first history row is written before its step's
+    SELECT step.org_id, step.run_id, step.seq, step.step_id, step.lane, step.attempt,
+           step.available_at AS deliver_at, 'step_ready' AS event, NULL::text AS worker,
+           jsonb_build_object('lane', step.lane) AS detail
+    FROM step JOIN started ON started.org_id = step.org_id AND started.run_id = step.run_id
 ),
-hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
-    SELECT run.org_id, run.run_id, e.event, e.seq, e.step_id, e.detail
-    FROM run, v CROSS JOIN LATERAL (VALUES
-        (1, 'run_started', NULL::int, NULL::text,
-         jsonb_build_object('automation_id', %(automation_id)s::text, 'version', v.version,
-                            'start_key', %(start_key)s::text,
-                            'start_key_kind', %(start_key_kind)s::text)),
-        (2, 'step_ready', 1, v.start_step_id, jsonb_build_object('lane', v.start_lane))
-    ) AS e(ord, event, seq, step_id, detail)
-    ORDER BY e.ord
-)
+{{announce_ready}}
 SELECT run_id, version FROM run;
 
 -- name: find_duplicate

@@ -24,16 +24,13 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from onward import timers
+from onward import leases, outbox, timers
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
 from onward.leader import Leadership
-from onward.outbox import _sleep_or
 
 Q = Queries(__package__, "sweep.sql")
-QL = Queries(__package__, "leases.sql")
-QO = Queries(__package__, "outbox.sql")
 log = logging.getLogger("onward.sweep")
 
 
@@ -110,11 +107,9 @@ class Sweeper:
 
     async def rescue(self) -> int:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                QL.rescue_expired, {"limit": self.limits.rescue, "worker": self.worker_id}
+            return await leases.rescue_expired(
+                conn, limit=self.limits.rescue, worker=self.worker_id
             )
-            row = await cur.fetchone()
-        return int(row["rescued"]) if row else 0
 
     async def expire_over_age(self) -> int:
         async with self.pool.connection() as conn:
@@ -142,8 +137,7 @@ class Sweeper:
     async def prune_outbox(self, keep_seconds: float = 3600.0, limit: int = 5000) -> int:
         """Remove sent outbox rows older than ``keep_seconds``, in a bounded batch."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(QO.prune_sent, {"keep": keep_seconds, "limit": limit})
-            return cur.rowcount or 0
+            return await outbox.prune_sent(conn, keep_seconds=keep_seconds, limit=limit)
 
     async def tick(self) -> int:
         """One sweep as leader. Returns the number of timers fired."""
@@ -173,7 +167,7 @@ class Sweeper:
                         await self.tick()
                 except (psycopg.OperationalError, OSError) as exc:
                     log.warning("sweep: database unavailable (%s); retrying", exc)
-                await _sleep_or(stop, self.interval)
+                await outbox.sleep_or(stop, self.interval)
         finally:
             with contextlib.suppress(psycopg.OperationalError, OSError):
                 await self.leadership.resign()

@@ -5,44 +5,45 @@
 -- name: fire
 -- Fire the given timers if still unfired: the waiting step becomes ready (woken by the timer),
 -- the run active, and an outbox row wakes a worker of the step's lane. Idempotent: a duplicate
--- wake or a timer already fired by the sweep changes nothing.
-WITH f AS (
+-- wake or a timer already fired by the sweep changes nothing. The timers are locked in one
+-- order with SKIP LOCKED, so a wake and the sweep firing at the same moment never wait on each
+-- other (one of them fires each timer; the sweep's own locks do not block its own fire).
+WITH picked AS (
+    SELECT t.org_id, t.timer_id
+    FROM timers t
+    JOIN unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[]) AS x(org_id, timer_id)
+      ON t.org_id = x.org_id AND t.timer_id = x.timer_id
+    WHERE t.fired_at IS NULL
+    ORDER BY t.org_id, t.timer_id
+    FOR UPDATE OF t SKIP LOCKED
+),
+f AS (
     UPDATE timers t SET fired_at = now(), fired_by = %(by)s
-    FROM unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[]) AS x(org_id, timer_id)
-    WHERE t.org_id = x.org_id AND t.timer_id = x.timer_id AND t.fired_at IS NULL
+    FROM picked p
+    WHERE t.org_id = p.org_id AND t.timer_id = p.timer_id
     RETURNING t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.fired_at
 ),
-s AS (
-    UPDATE steps st
-    SET status = 'ready', wait_kind = NULL, available_at = now(), updated_at = now(),
-        wake = jsonb_build_object('by', 'timer', 'timer_id', f.timer_id, 'due_at', f.due_at)
-    FROM f
-    WHERE st.org_id = f.org_id AND st.run_id = f.run_id AND st.seq = f.seq
-      AND st.status = 'waiting'
-    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt
-),
-run AS (
-    UPDATE runs r SET status = 'active', updated_at = now()
-    FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id AND r.status = 'waiting'
-),
-wake AS (
-    INSERT INTO outbox (org_id, topic, job_id, lane, payload)
-    SELECT org_id, 'step', 'wake:' || run_id || ':' || seq || ':' || (attempt + 1), lane,
-           jsonb_build_object('run_id', run_id, 'seq', seq)
-    FROM s
-),
-hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
-    SELECT f.org_id, f.run_id, 'timer_fired', f.seq, s.step_id,
+to_ready AS (
+    SELECT f.org_id, f.run_id, f.seq, 'waiting' AS from_status, NULL::int AS attempt,
+           now() AS available_at,
+           jsonb_build_object('by', 'timer', 'timer_id', f.timer_id, 'due_at', f.due_at) AS wake,
+           NULL::jsonb AS error, 'timer_fired' AS event, NULL::text AS worker,
            jsonb_build_object('timer_id', f.timer_id, 'by', %(by)s::text, 'due_at', f.due_at,
                               'lateness_ms',
                               round(extract(epoch FROM f.fired_at - f.due_at) * 1000)::bigint)
-    FROM f LEFT JOIN s ON s.org_id = f.org_id AND s.run_id = f.run_id AND s.seq = f.seq
+               AS detail
+    FROM f
+),
+{{make_ready}},
+run AS (
+    UPDATE runs r SET status = 'active', updated_at = now()
+    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'waiting'
 )
 SELECT f.org_id, f.timer_id, f.run_id,
        extract(epoch FROM f.fired_at - f.due_at)::float8 AS lateness_s,
-       s.lane
-FROM f LEFT JOIN s ON s.org_id = f.org_id AND s.run_id = f.run_id AND s.seq = f.seq;
+       ready.lane
+FROM f LEFT JOIN ready ON ready.org_id = f.org_id AND ready.run_id = f.run_id
+                      AND ready.seq = f.seq;
 
 -- name: lateness
 -- Timer lateness (fired_at - due_at) of fired timers, for measurements (R18).

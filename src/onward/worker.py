@@ -1,5 +1,10 @@
 """The worker: claims steps lane by lane, runs their kinds, and settles them, fenced (R3).
 
+It is one of three parts: this lane scheduler (capacity, claims, heartbeats, eager chains,
+shutdown); the pure outcome policy (``onward.policy``: what a step's outcome means for its run);
+and the settler with its batcher (``onward.settle``: the fenced statements that write it, the
+advances of concurrent chains grouped into one commit).
+
 Lanes: each lane has a capacity (how many of its steps run at once). A lane loop claims only
 as many steps as it has free slots -- backpressure: a claimed step never waits for a worker
 while its lease runs out -- and claims again when a slot frees, when a wake arrives, or every
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -35,26 +39,19 @@ from typing import Any
 import psycopg
 from pydantic import ValidationError
 
-from onward import leases, timers
+from onward import leases, policy, timers
 from onward.automations.document import AutomationDoc, StepDef
 from onward.automations.versions import VersionCache
-from onward.backoff import retry_delay
 from onward.config import Settings
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.durations import parse_duration
-from onward.errors import (
-    AuthorizationError,
-    NeedsReview,
-    PermanentError,
-    RateLimited,
-    StepError,
-    UnknownAutomation,
-)
-from onward.kinds import Advance, KindSpec, Registry, StepContext, Wait
-from onward.leases import NextStep, Token
-from onward.outbox import _sleep_or
+from onward.errors import UnknownAutomation
+from onward.kinds import KindSpec, Registry, StepContext
+from onward.leases import Token
+from onward.outbox import sleep_or
 from onward.queue.base import Queue, Wake
+from onward.settle import Settler
 
 log = logging.getLogger("onward.worker")
 
@@ -84,85 +81,6 @@ class WorkerStats:
     released: int = 0
 
 
-def _jsonable(value: Any) -> Any:
-    """What the database will store, so the eager path sees exactly what a claim would."""
-    return json.loads(json.dumps(value, default=str))
-
-
-class _SettleGroup:
-    """Groups the settles of concurrent chains into one statement: one commit for many steps.
-
-    A chain hands over its settle and awaits its own row; the group flushes whatever is pending
-    at once (after one turn of the event loop, so chains ready in the same turn join), with at
-    most ``inflight`` statements running. Under load the pending list grows while statements
-    run, so groups grow by themselves; an idle worker settles a single step with no added wait.
-    Each row is fenced on its own; a failed statement fails every chain in it, and each then
-    treats its outcome as unknown, which the fence makes safe.
-    """
-
-    def __init__(
-        self, pool: Pool, worker: str, lease: float, *, max_batch: int = 64, inflight: int = 4
-    ) -> None:
-        self.pool, self.worker, self.lease = pool, worker, lease
-        self.max_batch = max_batch
-        self._sem = asyncio.Semaphore(inflight)
-        self._pending: list[tuple[leases.Advance, asyncio.Future[dict[str, Any] | None]]] = []
-        self._kick = asyncio.Event()
-        self._loop_task: asyncio.Task[None] | None = None
-        self._flushes: set[asyncio.Task[None]] = set()
-        self.statements = 0
-
-    async def settle(self, item: leases.Advance) -> dict[str, Any] | None:
-        if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.create_task(self._loop())
-        fut: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, fut))
-        self._kick.set()
-        return await fut
-
-    async def _loop(self) -> None:
-        while True:
-            await self._kick.wait()
-            self._kick.clear()
-            await asyncio.sleep(0)  # chains that finished in this turn join the group
-            while self._pending:
-                await self._sem.acquire()
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-                task = asyncio.create_task(self._flush(batch))
-                self._flushes.add(task)
-                task.add_done_callback(self._flushes.discard)
-
-    async def _flush(
-        self, batch: list[tuple[leases.Advance, asyncio.Future[dict[str, Any] | None]]]
-    ) -> None:
-        try:
-            async with self.pool.connection() as conn:
-                rows = await leases.settle_advance_many(
-                    conn, [item for item, _ in batch], worker=self.worker, lease=self.lease
-                )
-            self.statements += 1
-        except BaseException as exc:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-        else:
-            for item, fut in batch:
-                if not fut.done():
-                    fut.set_result(rows.get((item.token.org_id, item.token.run_id)))
-        finally:
-            self._sem.release()
-
-    async def close(self) -> None:
-        if self._flushes:
-            await asyncio.wait(set(self._flushes), timeout=5.0)
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-
-
 class Worker:
     def __init__(
         self,
@@ -176,7 +94,7 @@ class Worker:
         lanes: dict[str, int] | None = None,
         eager: bool = True,
         claim_batch: int = 32,
-        services: Any = None,
+        integrations: Any = None,
     ) -> None:
         self.pool, self.queue, self.settings, self.registry = pool, queue, settings, registry
         self.versions = versions or VersionCache(pool)
@@ -184,7 +102,7 @@ class Worker:
         self.capacity = dict(lanes or settings.lanes)
         self.eager = eager
         self.claim_batch = claim_batch
-        self.services = services
+        self.integrations = integrations
         self.running = dict.fromkeys(self.capacity, 0)
         self.kick = {lane: asyncio.Event() for lane in self.capacity}
         self.held: dict[tuple[str, str, int], _Held] = {}
@@ -193,7 +111,7 @@ class Worker:
         self._stopping = False
         self._timer_inbox: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
         self._params_cache: dict[tuple[str, str, int, str], Any] = {}
-        self._group = _SettleGroup(pool, self.id, settings.lease_seconds)
+        self.settler = Settler(pool, self.id, settings.lease_seconds)
 
     # -- wakes ---------------------------------------------------------------------------
     def on_wake(self, wake: Wake) -> None:
@@ -242,7 +160,7 @@ class Worker:
                         )
                 except (psycopg.OperationalError, OSError) as exc:
                     log.warning("claim in lane %s failed (%s); retrying", lane, exc)
-                    await _sleep_or(stop, 1.0)
+                    await sleep_or(stop, 1.0)
                     continue
                 claimed = len(rows)
                 self.stats.claimed += claimed
@@ -250,7 +168,7 @@ class Worker:
                     self._spawn(row)
                 if claimed == want and self.running[lane] < cap:
                     continue  # there may be more ready work: claim again at once
-            await _sleep_or(stop, self.settings.poll_seconds, self.kick[lane])
+            await sleep_or(stop, self.settings.poll_seconds, self.kick[lane])
 
     def _spawn(self, row: dict[str, Any]) -> None:
         lane = row["lane"]
@@ -281,13 +199,10 @@ class Worker:
             except Exception as exc:  # a bug outside the handler: never loop on it
                 log.exception("step %s#%s: engine error", token.run_id, token.seq)
                 row = None
+                reason = f"engine error: {type(exc).__name__}: {exc}"
                 with contextlib.suppress(Exception):
-                    await self._stop(
-                        token,
-                        "parked",
-                        "parked",
-                        f"engine error: {type(exc).__name__}: {exc}",
-                        wait_kind="review",
+                    await self._write(
+                        token, policy.Stop("parked", "parked", reason, wait_kind="review")
                     )
             finally:
                 self.held.pop(token.key, None)
@@ -308,19 +223,15 @@ class Worker:
             self._params_cache[key] = spec.parse_params(step.params)
         return self._params_cache[key]
 
-    async def _stop(
-        self, token: Token, step_status: str, run_status: str, reason: str, **kw: Any
-    ) -> None:
-        async with self.pool.connection() as conn:
-            ok = await leases.settle_stop(
-                conn,
-                token,
-                worker=self.id,
-                step_status=step_status,
-                run_status=run_status,
-                reason=reason,
-                **kw,
-            )
+    async def _write(self, token: Token, t: policy.Stop | policy.Retry | policy.WaitTimer) -> None:
+        """Write a transition that ends this chain (anything but an advance)."""
+        if isinstance(t, policy.Stop):
+            ok = await self.settler.stop(token, t)
+        elif isinstance(t, policy.Retry):
+            ok = await self.settler.retry(token, t)
+            self.stats.retried += int(ok)
+        else:
+            ok = await self.settler.wait(token, t)
         self._count_settle(ok)
 
     def _count_settle(self, ok: bool) -> None:
@@ -330,39 +241,22 @@ class Worker:
             self.stats.lost += 1
 
     async def _execute(self, row: dict[str, Any], token: Token) -> dict[str, Any] | None:
+        """Run one claimed step and write its transition; returns the eagerly claimed next
+        step's row, if any."""
         crash_point("worker.after_claim")
-        if row["cancel_requested"]:
-            await self._stop(token, "cancelled", "cancelled", "cancelled on request")
-            return None
-        if row["over_steps"] or row["over_age"]:
-            reason = (
-                f"step budget of {row['max_steps']} steps exhausted"
-                if row["over_steps"]
-                else "maximum run age reached"
-            )
-            await self._stop(token, "cancelled", "exceeded", reason)
+        stop = policy.at_claim(row)
+        if stop is not None:
+            await self._write(token, stop)
             return None
         try:
             doc = await self.versions.get(row["org_id"], row["automation_id"], row["version"])
             step = doc.step(row["step_id"])
         except (UnknownAutomation, KeyError):
-            await self._stop(
-                token, "failed", "failed", f"step {row['step_id']!r} not in its version"
-            )
+            await self._write(token, policy.step_not_in_version(row["step_id"]))
             return None
         spec = self.registry.get(row["kind"])
         if spec is None:
-            # A deploy skew: this worker lacks the kind. Hand it back for a worker that has it.
-            async with self.pool.connection() as conn:
-                await leases.settle_retry(
-                    conn,
-                    token,
-                    worker=self.id,
-                    delay=30.0,
-                    error={
-                        "message": f"step kind {row['kind']!r} is not registered in worker {self.id}"
-                    },
-                )
+            await self._write(token, policy.kind_not_registered(row["kind"], self.id))
             return None
         try:
             params = self._params(doc, row, step, spec)
@@ -370,13 +264,10 @@ class Worker:
             problems = "; ".join(
                 ".".join(str(p) for p in e["loc"]) + ": " + e["msg"] for e in exc.errors()
             )
-            await self._stop(
-                token,
-                "failed",
-                "failed",
-                f"step {step.id}: parameters do not fit kind {row['kind']!r}: {problems}",
-            )
+            await self._write(token, policy.params_do_not_fit(step.id, row["kind"], problems))
             return None
+        held = self.held.get(token.key)
+        lease_lost = held.lease_lost if held else asyncio.Event()
         ctx = StepContext(
             org_id=row["org_id"],
             run_id=row["run_id"],
@@ -393,11 +284,9 @@ class Worker:
             steps=dict((row["ctx"] or {}).get("steps") or {}),
             wake=row["wake"],
             definition=step,
-            services=self.services,
+            lease_lost=lease_lost,
+            integrations=self.integrations,
         )
-        held = self.held.get(token.key)
-        lease_lost = held.lease_lost if held else asyncio.Event()
-        ctx.lease_lost = lease_lost
         timeout = parse_duration(step.timeout) if step.timeout is not None else None
         try:
             result = await self._call(spec, ctx, lease_lost, timeout)
@@ -407,19 +296,19 @@ class Worker:
             return None
         except Exception as exc:
             crash_point("worker.before_settle_error")
-            await self._settle_error(token, step, spec, exc)
+            retry = step.retry or spec.retry
+            await self._write(
+                token, policy.after_error(exc, step_id=step.id, attempt=token.attempt, retry=retry)
+            )
             return None
         crash_point("worker.before_settle")
-        if isinstance(result, Wait):
-            async with self.pool.connection() as conn:
-                res = await leases.settle_wait_timer(
-                    conn, token, worker=self.id, due_in=result.due_in, intent=result.intent
-                )
-            crash_point("worker.after_wait")
-            self._count_settle(res is not None)
+        t = policy.after_result(
+            result, step=step, doc=doc, registry=self.registry, visits=row["visits"]
+        )
+        if not isinstance(t, policy.Proceed):
+            await self._write(token, t)
             return None
-        adv = result if isinstance(result, Advance) else Advance(output=result)
-        return await self._advance(row, token, doc, step, adv)
+        return await self._proceed(row, token, step, t)
 
     async def _call(
         self, spec: KindSpec, ctx: StepContext, lease_lost: asyncio.Event, timeout: float | None
@@ -442,90 +331,31 @@ class Worker:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await fut
 
-    async def _settle_error(
-        self, token: Token, step: StepDef, spec: KindSpec, exc: BaseException
-    ) -> None:
-        policy = step.retry or spec.retry
-        error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
-        if isinstance(exc, StepError) and exc.detail:
-            error["detail"] = exc.detail
-        if isinstance(exc, AuthorizationError) and exc.connection:
-            error["connection"] = exc.connection
-        if isinstance(exc, AuthorizationError):
-            reason = str(exc) or "reconnect the connection"
-            await self._stop(token, "parked", "parked", reason, error=error, wait_kind="reconnect")
-        elif isinstance(exc, NeedsReview):
-            await self._stop(token, "parked", "parked", str(exc), error=error, wait_kind="review")
-        elif isinstance(exc, PermanentError):
-            await self._stop(token, "failed", "failed", f"step {step.id}: {exc}", error=error)
-        elif token.attempt >= policy.max_attempts:
-            await self._stop(
-                token,
-                "failed",
-                "failed",
-                f"step {step.id}: gave up after {token.attempt} attempts: {exc}",
-                error=error,
-            )
-        else:
-            retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
-            delay = retry_delay(
-                token.attempt, base=policy.base, cap=policy.cap, retry_after=retry_after
-            )
-            async with self.pool.connection() as conn:
-                ok = await leases.settle_retry(
-                    conn, token, worker=self.id, delay=delay, error=error
-                )
-            self.stats.retried += int(ok)
-            self._count_settle(ok)
-
-    async def _advance(
-        self, row: dict[str, Any], token: Token, doc: AutomationDoc, step: StepDef, adv: Advance
-    ) -> dict[str, Any] | None:
-        try:
-            output, new_vars = _jsonable(adv.output), _jsonable(adv.vars or {})
-        except (TypeError, ValueError) as exc:
-            await self._stop(
-                token, "failed", "failed", f"step {step.id}: output is not JSON: {exc}"
-            )
-            return None
-        next_id = adv.next if adv.next is not None else step.next
-        nxt: NextStep | None = None
-        if next_id is not None:
-            try:
-                nd = doc.step(next_id)
-            except KeyError:
-                await self._stop(token, "failed", "failed", f"step {step.id}: no step {next_id!r}")
-                return None
-            nspec = self.registry.get(nd.kind)
-            lane = nd.lane or (nspec.lane if nspec else "io")
-            visits = row["visits"] or {}
-            nxt = NextStep(nd.id, nd.kind, lane, int(visits.get(nd.id, 0)) + 1)
-        eager = (
+    def _eager(self, row: dict[str, Any], t: policy.Proceed) -> bool:
+        """Run the next step here, claimed by the settle itself: it is in a lane this worker
+        serves with a free slot (or the same lane, whose slot this chain hands over)."""
+        nxt = t.next_step
+        return (
             self.eager
             and not self._stopping
             and nxt is not None
             and nxt.lane in self.capacity
             and (nxt.lane == row["lane"] or self.running[nxt.lane] < self.capacity[nxt.lane])
         )
-        res = await self._group.settle(
-            leases.Advance(
-                token,
-                output,
-                new_vars,
-                nxt,
-                eager,
-                detail={"skipped": adv.skipped} if adv.skipped else None,
-                skipped=adv.skipped is not None,
-            )
-        )
-        crash_point("worker.after_settle")
+
+    async def _proceed(
+        self, row: dict[str, Any], token: Token, step: StepDef, t: policy.Proceed
+    ) -> dict[str, Any] | None:
+        eager = self._eager(row, t)
+        res = await self.settler.proceed(token, t, eager=eager)
         self._count_settle(res is not None)
+        nxt = t.next_step
         if res is None or nxt is None or not eager:
             return None
         self.stats.eager += 1
         self.running[nxt.lane] += 1  # the chain's finally releases the current lane's slot
         ctx = row["ctx"] or {}
-        steps_out = {**(ctx.get("steps") or {}), step.id: output}
+        steps_out = {**(ctx.get("steps") or {}), step.id: t.output}
         return {
             **row,
             "seq": row["seq"] + 1,
@@ -535,7 +365,7 @@ class Worker:
             "iteration": nxt.iteration,
             "attempt": 1,
             "wake": None,
-            "ctx": {"vars": {**(ctx.get("vars") or {}), **new_vars}, "steps": steps_out},
+            "ctx": {"vars": {**(ctx.get("vars") or {}), **t.vars}, "steps": steps_out},
             "visits": {**(row["visits"] or {}), nxt.step_id: nxt.iteration},
             "steps_executed": res["steps_executed"],
             "cancel_requested": res["cancel_requested"],
@@ -547,7 +377,7 @@ class Worker:
     async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
         last_ok = time.monotonic()
         while not stop.is_set() or self.held:
-            await _sleep_or(asyncio.Event(), self.settings.heartbeat_seconds)
+            await sleep_or(asyncio.Event(), self.settings.heartbeat_seconds)
             tokens = [h.token for h in list(self.held.values())]
             if not tokens:
                 last_ok = time.monotonic()
@@ -594,7 +424,7 @@ class Worker:
                 for t in pending:
                     t.cancel()
             await self._drain(self.settings.shutdown_grace_seconds)
-            await self._group.close()
+            await self.settler.close()
             hb_stop.set()
             heart.cancel()
             await asyncio.gather(heart, return_exceptions=True)

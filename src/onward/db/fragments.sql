@@ -1,0 +1,38 @@
+-- Statement fragments shared by the transitions of several modules, included into their named
+-- queries with {{name}} (db/sql.py). Each is the one source of its write: a transition that
+-- makes a step ready writes the step row, its outbox wake and its history row only through
+-- these, so the wake id format, the wake's lane and the history row cannot drift apart.
+
+-- fragment: make_ready
+-- Expects a CTE `to_ready` (org_id, run_id, seq, from_status, attempt, available_at, wake,
+-- error, event, worker, detail). Each named step still in from_status -- and, where attempt is
+-- not NULL, still at that attempt: the fence -- becomes ready at available_at, owned by nobody;
+-- `wake` (what woke it) and `error` replace the step's own when given. Then announce_ready.
+ready AS (
+    UPDATE steps st
+    SET status = 'ready', owner = NULL, lease_until = NULL, wait_kind = NULL,
+        available_at = r.available_at, wake = coalesce(r.wake, st.wake),
+        error = coalesce(r.error, st.error), updated_at = now()
+    FROM to_ready r
+    WHERE st.org_id = r.org_id AND st.run_id = r.run_id AND st.seq = r.seq
+      AND st.status = r.from_status AND (r.attempt IS NULL OR st.attempt = r.attempt)
+    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt,
+              st.available_at AS deliver_at, r.event, r.worker, r.detail
+),
+{{announce_ready}}
+
+-- fragment: announce_ready
+-- Expects a CTE `ready` (org_id, run_id, seq, step_id, lane, attempt, deliver_at, event,
+-- worker, detail): steps that are ready now. Writes, in the same statement, the outbox row
+-- that wakes a worker of the step's lane at deliver_at -- its job id names the attempt it
+-- invites (attempt + 1, onward_step_wake_id) -- and the history row of the transition.
+ready_wake AS (
+    INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)
+    SELECT org_id, 'step', onward_step_wake_id(run_id, seq, attempt + 1), lane,
+           jsonb_build_object('run_id', run_id, 'seq', seq), deliver_at
+    FROM ready
+),
+ready_history AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT org_id, run_id, event, seq, step_id, nullif(attempt, 0), worker, detail FROM ready
+)

@@ -1,0 +1,205 @@
+"""The outcome policy: what one step's outcome means for its run, as the transition to write.
+
+Pure: no database, no clock, no I/O. The worker asks it at two moments and writes whatever it
+answers with one fenced statement (``settle.Settler``):
+
+* :func:`at_claim` -- before the handler runs: a cancel request or an exhausted budget (R13)
+  ends the run instead;
+* :func:`after_error` -- the handler raised: park (reconnect, review), fail, or retry with
+  backoff (``Retry-After`` wins);
+* :func:`after_result` -- the handler answered: done and advance to the next step (or complete
+  the run), wait on a timer, or fail when the answer cannot be stored or leads nowhere.
+
+The table of docs/state-machine.md ("The settle table") lists every row; tests/unit/test_policy.py
+checks each one without a database.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from onward.automations.document import AutomationDoc, RetryPolicy, StepDef
+from onward.backoff import retry_delay
+from onward.errors import AuthorizationError, NeedsReview, PermanentError, RateLimited, StepError
+from onward.kinds import Advance, Registry, Wait
+
+#: How long a step whose kind this worker lacks waits for a worker that has it (deploy skew).
+KIND_MISSING_DELAY_S = 30.0
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """The step a run enters next: its id, kind, lane and iteration (nth entry, R4)."""
+
+    step_id: str
+    kind: str
+    lane: str
+    iteration: int
+
+
+@dataclass(frozen=True)
+class Proceed:
+    """The step is done (or ``skipped`` on purpose); the run enters ``next_step`` or, when it is
+    None, completes."""
+
+    output: Any
+    vars: dict[str, Any]
+    next_step: NextStep | None
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class WaitTimer:
+    """The step waits until ``due_in`` seconds from now by the database clock."""
+
+    due_in: float
+    intent: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The step becomes ready again after ``delay`` seconds, or at ``retry_at`` (a provider's
+    instant, compared with the database's clock) if that is later."""
+
+    delay: float
+    error: dict[str, Any]
+    retry_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The step ends without a successor, and the run with it -- or both park for a person
+    (``step_status == run_status == 'parked'`` with a ``wait_kind``)."""
+
+    step_status: str
+    run_status: str
+    reason: str
+    error: dict[str, Any] | None = None
+    wait_kind: str | None = None
+
+
+Transition = Proceed | WaitTimer | Retry | Stop
+
+
+def at_claim(claim: Mapping[str, Any]) -> Stop | None:
+    """Before the handler runs. ``claim`` is the claim row (``leases.claim``) or its eager
+    equivalent: ``cancel_requested``, ``over_steps``, ``over_age``, ``max_steps``."""
+    if claim["cancel_requested"]:
+        return Stop("cancelled", "cancelled", "cancelled on request")
+    if claim["over_steps"]:
+        return Stop("cancelled", "exceeded", f"step budget of {claim['max_steps']} steps exhausted")
+    if claim["over_age"]:
+        return Stop("cancelled", "exceeded", "maximum run age reached")
+    return None
+
+
+def step_not_in_version(step_id: str) -> Stop:
+    return Stop("failed", "failed", f"step {step_id!r} not in its version")
+
+
+def params_do_not_fit(step_id: str, kind: str, problems: str) -> Stop:
+    return Stop(
+        "failed", "failed", f"step {step_id}: parameters do not fit kind {kind!r}: {problems}"
+    )
+
+
+def kind_not_registered(kind: str, worker: str) -> Retry:
+    """A deploy skew: this worker lacks the kind. Hand it back for a worker that has it."""
+    message = f"step kind {kind!r} is not registered in worker {worker}"
+    return Retry(KIND_MISSING_DELAY_S, {"message": message})
+
+
+def error_detail(exc: BaseException) -> dict[str, Any]:
+    """What the step row and its history keep of an error."""
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+    if isinstance(exc, StepError) and exc.detail:
+        error["detail"] = exc.detail
+    if isinstance(exc, AuthorizationError) and exc.connection:
+        error["connection"] = exc.connection
+    return error
+
+
+def after_error(
+    exc: BaseException,
+    *,
+    step_id: str,
+    attempt: int,
+    retry: RetryPolicy,
+    jitter: Callable[[float, float], float] = random.uniform,
+) -> Stop | Retry:
+    """The handler raised ``exc`` on its ``attempt``-th attempt."""
+    error = error_detail(exc)
+    if isinstance(exc, AuthorizationError):
+        reason = str(exc) or "reconnect the connection"
+        return Stop("parked", "parked", reason, error, wait_kind="reconnect")
+    if isinstance(exc, NeedsReview):
+        return Stop("parked", "parked", str(exc), error, wait_kind="review")
+    if isinstance(exc, PermanentError):
+        return Stop("failed", "failed", f"step {step_id}: {exc}", error)
+    if attempt >= retry.max_attempts:
+        reason = f"step {step_id}: gave up after {attempt} attempts: {exc}"
+        return Stop("failed", "failed", reason, error)
+    if isinstance(exc, RateLimited) and exc.retry_at is not None:
+        return Retry(0.0, error, retry_at=exc.retry_at)
+    retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+    delay = retry_delay(
+        attempt, base=retry.base, cap=retry.cap, retry_after=retry_after, jitter=jitter
+    )
+    return Retry(delay, error)
+
+
+def after_result(
+    result: Any,
+    *,
+    step: StepDef,
+    doc: AutomationDoc,
+    registry: Registry,
+    visits: Mapping[str, int] | None,
+) -> Proceed | WaitTimer | Stop:
+    """The handler answered ``result``: a plain value (done, follow ``next``), an ``Advance``
+    (done, maybe choosing ``next``) or a ``Wait``."""
+    if isinstance(result, Wait):
+        return WaitTimer(result.due_in, result.intent)
+    adv = result if isinstance(result, Advance) else Advance(output=result)
+    try:
+        output, new_vars = _as_stored(adv.output), _as_stored(adv.vars or {})
+    except (TypeError, ValueError) as exc:
+        return Stop("failed", "failed", f"step {step.id}: output is not JSON: {exc}")
+    next_id = adv.next if adv.next is not None else step.next
+    if next_id is None:
+        return Proceed(output, new_vars, None, adv.skipped)
+    try:
+        nd = doc.step(next_id)
+    except KeyError:
+        return Stop("failed", "failed", f"step {step.id}: no step {next_id!r}")
+    nspec = registry.get(nd.kind)
+    lane = nd.lane or (nspec.lane if nspec else "io")
+    iteration = int((visits or {}).get(nd.id, 0)) + 1
+    return Proceed(output, new_vars, NextStep(nd.id, nd.kind, lane, iteration), adv.skipped)
+
+
+def _as_stored(value: Any) -> Any:
+    """What the database will store, so the eager path sees exactly what a claim would."""
+    return json.loads(json.dumps(value, default=str, allow_nan=False))
+
+
+__all__ = [
+    "NextStep",
+    "Proceed",
+    "Retry",
+    "Stop",
+    "Transition",
+    "WaitTimer",
+    "after_error",
+    "after_result",
+    "at_claim",
+    "error_detail",
+    "kind_not_registered",
+    "params_do_not_fit",
+    "step_not_in_version",
+]

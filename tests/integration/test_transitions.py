@@ -1,0 +1,166 @@
+"""One source for each write path (issue 9): the wake id formats live in SQL functions that
+``onward.ids`` matches; history events are a closed list; a wake and the sweep firing the same
+timers never wait on each other; a provider's HTTP-date ``Retry-After`` is compared with the
+database's clock, never the worker's."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from onward import Automation, RateLimited, ids, step_kind, timers
+from onward.engine import Engine
+from onward.kinds import StepContext
+from onward.sweep import Q as SWEEP_Q
+from onward.testing import eventually
+
+
+def test_wake_ids_built_in_python_equal_the_sql_functions(sql: psycopg.Connection) -> None:
+    for run_id, seq, attempt in [("run_0190abc", 1, 1), ("run_x", 12, 7), ("r:with:colons", 3, 2)]:
+        row = sql.execute(
+            "SELECT onward_step_wake_id(%s, %s, %s) AS id", (run_id, seq, attempt)
+        ).fetchone()
+        assert row is not None and row["id"] == ids.step_wake_id(run_id, seq, attempt)
+    for org_id, timer_id, wake_n in [("default", 1, 1), ("acme", 9_000_000_000, 3)]:
+        row = sql.execute(
+            "SELECT onward_timer_wake_id(%s, %s, %s) AS id", (org_id, timer_id, wake_n)
+        ).fetchone()
+        assert row is not None and row["id"] == ids.timer_wake_id(org_id, timer_id, wake_n)
+
+
+async def test_every_wake_in_the_outbox_has_the_python_format(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
+    """Starts, timers and timer fires write their wakes through the SQL functions; the ids in
+    the outbox are exactly what ``onward.ids`` builds for the same rows."""
+    await engine.publish(
+        Automation("ids")
+        .step("w", "wait_for", duration="0.2s")
+        .step("b", "set", values={"n": "2"})
+        .build()
+    )
+    run_id = (await engine.start("ids", {}, event_id="e1")).run_id
+    async with engine.running():
+        assert await engine.wait(run_id, timeout=30) == "completed"
+    rows = sql.execute("SELECT topic, job_id FROM outbox ORDER BY outbox_id").fetchall()
+    (timer,) = sql.execute("SELECT timer_id, wake_n FROM timers").fetchall()
+    assert [(r["topic"], r["job_id"]) for r in rows][:3] == [
+        ("step", ids.step_wake_id(run_id, 1, 1)),  # the start invites attempt 1
+        ("timer", ids.timer_wake_id("test", timer["timer_id"], timer["wake_n"])),
+        ("step", ids.step_wake_id(run_id, 1, 2)),  # the fired timer invites attempt 2
+    ]
+
+
+def test_history_refuses_an_event_not_in_the_closed_list(sql: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation, match="history_event_known"):
+        sql.execute(
+            "INSERT INTO history (org_id, run_id, event) VALUES ('o', 'r', 'step_teleported')"
+        )
+
+
+async def test_history_of_a_start_and_an_advance_is_in_order(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
+    """A start writes run_started before its step's step_ready; a settle writes step_done
+    before its successor's step_ready (the successor's lane is not served here, so it is
+    announced, not claimed eagerly)."""
+    await engine.publish(
+        Automation("order")
+        .step("a", "set", values={"n": "1"})
+        .step("b", "wait_for", duration="1s")
+        .build()
+    )
+    run_id = (await engine.start("order", {}, event_id="o1")).run_id
+    async with engine.running(lanes={"fast": 4}):
+        await _eventually_count(
+            sql, f"SELECT count(*) AS n FROM steps WHERE run_id = '{run_id}' AND seq = 2", 1
+        )
+    events = [
+        (r["event"], r["step_id"])
+        for r in sql.execute(
+            "SELECT event, step_id FROM history WHERE run_id = %s ORDER BY event_id", (run_id,)
+        )
+    ]
+    assert events == [
+        ("run_started", None),
+        ("step_ready", "a"),
+        ("step_claimed", "a"),
+        ("step_done", "a"),
+        ("step_ready", "b"),
+    ]
+
+
+async def test_a_wake_never_waits_on_timers_the_sweep_holds(
+    engine: Engine, db_url: str, sql: psycopg.Connection
+) -> None:
+    """The sweep locks due timers (claim_due) and fires them in its transaction; a wake that
+    fires the same timers meanwhile skips them instead of waiting -- so the two can never
+    deadlock -- and every timer fires exactly once."""
+    await engine.publish(Automation("dl").step("w", "wait_for", duration="0.01s").build())
+    for i in range(20):
+        await engine.start("dl", {}, event_id=f"dl{i}")
+    async with engine.running(lanes={"wait": 32, "io": 4, "fast": 4}, sweeper=False, relay=False):
+        await _eventually_count(sql, "SELECT count(*) AS n FROM timers", 20)
+    due = [(r["org_id"], r["timer_id"]) for r in sql.execute("SELECT org_id, timer_id FROM timers")]
+    sweep_conn = await psycopg.AsyncConnection.connect(db_url, row_factory=dict_row)
+    async with sweep_conn, sweep_conn.transaction():
+        cur = await sweep_conn.execute(
+            SWEEP_Q.claim_due, {"org_ids": ["test"], "per_org": 50, "batch": 500}
+        )
+        assert len(await cur.fetchall()) == 20
+        async with await psycopg.AsyncConnection.connect(
+            db_url, row_factory=dict_row, autocommit=True
+        ) as wake_conn:
+            await wake_conn.execute("SET lock_timeout = '2s'")
+            # reversed order: the order in which the old statement could deadlock
+            fired_by_wake = await timers.fire(wake_conn, list(reversed(due)), by="wake")
+        assert fired_by_wake == []
+        fired_by_sweep = await timers.fire(sweep_conn, due, by="sweep")
+        assert len(fired_by_sweep) == 20
+    fired = sql.execute("SELECT fired_by, count(*) AS n FROM timers GROUP BY 1").fetchall()
+    assert fired == [{"fired_by": "sweep", "n": 20}]
+    once = sql.execute("SELECT count(*) AS n FROM history WHERE event = 'timer_fired'").fetchone()
+    assert once == {"n": 20}
+
+
+async def _eventually_count(sql: psycopg.Connection, query: str, n: int) -> None:
+    async def check() -> bool:
+        row = sql.execute(query).fetchone()
+        return row is not None and row["n"] >= n
+
+    await eventually(check, what=query)
+
+
+RETRY_AT: dict[str, datetime] = {}
+
+
+@step_kind("test.rate_limited_until", lane="io", replace=True)
+async def _rate_limited_until(step: StepContext) -> None:
+    if step.attempt == 1:
+        raise RateLimited("429", retry_at=RETRY_AT[step.run_id])
+
+
+async def test_retry_after_date_is_compared_with_the_database_clock(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
+    """A provider says "retry at <date>": the step becomes ready at that instant by the
+    database's clock, whatever this process's clock says."""
+    await engine.publish(Automation("ra").step("call", "test.rate_limited_until").build())
+    db_now = sql.execute("SELECT now() AS t").fetchone()["t"]  # type: ignore[index]
+    later, past = db_now + timedelta(hours=1), db_now - timedelta(hours=1)
+    run_later = (await engine.start("ra", {}, event_id="later")).run_id
+    run_past = (await engine.start("ra", {}, event_id="past")).run_id
+    RETRY_AT[run_later], RETRY_AT[run_past] = later, past
+    async with engine.running(lanes={"io": 4}):
+        assert await engine.wait(run_past, timeout=30) == "completed"
+    row = sql.execute(
+        "SELECT status, available_at FROM steps WHERE run_id = %s", (run_later,)
+    ).fetchone()
+    assert row is not None and row["status"] == "ready" and row["available_at"] == later
+    (retry,) = sql.execute(
+        "SELECT detail FROM history WHERE run_id = %s AND event = 'step_retry'", (run_later,)
+    ).fetchall()
+    assert retry["detail"]["delay_s"] == pytest.approx(3600, abs=60)

@@ -1,0 +1,224 @@
+"""The outcome policy (``onward.policy``), row by row of the settle table in
+docs/state-machine.md, without a database: each outcome of a step becomes exactly one
+transition (advance, complete, wait, retry with backoff, stop, park, budget exceeded, cancel)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from onward import policy
+from onward.automations.document import AutomationDoc, RetryPolicy
+from onward.errors import (
+    AuthorizationError,
+    NeedsReview,
+    OutcomeUnknown,
+    PermanentError,
+    RateLimited,
+    RetryableError,
+)
+from onward.kinds import Advance, KindSpec, Registry, Wait
+
+
+async def _noop(step: Any) -> None:
+    return None
+
+
+REGISTRY = Registry()
+REGISTRY.add(KindSpec("fast.kind", "fast", _noop))
+REGISTRY.add(KindSpec("slow.kind", "slow", _noop))
+
+DOC = AutomationDoc.model_validate(
+    {
+        "id": "flow",
+        "steps": [
+            {"id": "a", "kind": "fast.kind", "next": "b"},
+            {"id": "b", "kind": "slow.kind", "next": "c"},
+            {"id": "c", "kind": "fast.kind", "lane": "io"},
+            {"id": "d", "kind": "not.registered"},
+            {"id": "e", "kind": "fast.kind", "next": "ghost"},
+        ],
+    }
+)
+
+
+def result(value: Any, step: str = "a", visits: dict[str, int] | None = None) -> Any:
+    return policy.after_result(
+        value, step=DOC.step(step), doc=DOC, registry=REGISTRY, visits=visits or {}
+    )
+
+
+def claim(**facts: Any) -> dict[str, Any]:
+    row = {"cancel_requested": False, "over_steps": False, "over_age": False, "max_steps": 50}
+    return {**row, **facts}
+
+
+def error(exc: BaseException, attempt: int = 1, **kw: Any) -> Any:
+    retry = RetryPolicy(max_attempts=3, base=2.0, cap=10.0)
+    return policy.after_error(exc, step_id="send", attempt=attempt, retry=retry, **kw)
+
+
+# -- at claim: before the handler runs ---------------------------------------------------
+
+
+def test_nothing_stops_a_healthy_claim() -> None:
+    assert policy.at_claim(claim()) is None
+
+
+def test_cancel_requested_cancels_step_and_run() -> None:
+    assert policy.at_claim(claim(cancel_requested=True, over_steps=True)) == policy.Stop(
+        "cancelled", "cancelled", "cancelled on request"
+    )
+
+
+def test_step_budget_exhausted_exceeds_the_run() -> None:
+    stop = policy.at_claim(claim(over_steps=True))
+    assert stop == policy.Stop("cancelled", "exceeded", "step budget of 50 steps exhausted")
+
+
+def test_age_budget_exhausted_exceeds_the_run() -> None:
+    stop = policy.at_claim(claim(over_age=True))
+    assert stop == policy.Stop("cancelled", "exceeded", "maximum run age reached")
+
+
+# -- after a result ------------------------------------------------------------------------
+
+
+def test_plain_value_is_done_and_advances_to_the_static_next() -> None:
+    t = result({"x": 1})
+    assert t == policy.Proceed({"x": 1}, {}, policy.NextStep("b", "slow.kind", "slow", 1))
+
+
+def test_next_iteration_counts_earlier_visits() -> None:
+    t = result(None, visits={"b": 2})
+    assert isinstance(t, policy.Proceed)
+    assert t.next_step == policy.NextStep("b", "slow.kind", "slow", 3)
+
+
+def test_advance_chooses_next_and_sets_vars() -> None:
+    t = result(Advance(output="o", vars={"k": "v"}, next="c"))
+    assert t == policy.Proceed("o", {"k": "v"}, policy.NextStep("c", "fast.kind", "io", 1))
+
+
+def test_lane_of_an_unregistered_next_kind_defaults_to_io() -> None:
+    t = result(Advance(next="d"))
+    assert isinstance(t, policy.Proceed)
+    assert t.next_step == policy.NextStep("d", "not.registered", "io", 1)
+
+
+def test_no_next_completes_the_run() -> None:
+    assert result("last", step="c") == policy.Proceed("last", {}, None)
+
+
+def test_skipped_is_done_on_purpose() -> None:
+    t = result(Advance(skipped="suppressed"), step="c")
+    assert t == policy.Proceed(None, {}, None, skipped="suppressed")
+
+
+def test_wait_becomes_a_timer() -> None:
+    t = result(Wait(due_in=2.5, intent={"duration": "2.5s"}))
+    assert t == policy.WaitTimer(2.5, {"duration": "2.5s"})
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, {"x": -math.inf}])
+def test_output_that_jsonb_cannot_store_fails_the_step(bad: Any) -> None:
+    t = result(bad)
+    assert isinstance(t, policy.Stop)
+    assert (t.step_status, t.run_status) == ("failed", "failed")
+    assert "output is not JSON" in t.reason
+
+
+def test_output_is_what_the_database_will_store() -> None:
+    when = datetime(2026, 12, 1, tzinfo=UTC)
+    t = result({"at": when, "tuple": (1, 2)})
+    assert isinstance(t, policy.Proceed)
+    assert t.output == {"at": str(when), "tuple": [1, 2]}
+
+
+def test_next_step_missing_from_the_version_fails() -> None:
+    t = result(None, step="e")
+    assert t == policy.Stop("failed", "failed", "step e: no step 'ghost'")
+
+
+# -- after an error ------------------------------------------------------------------------
+
+
+def test_authorization_error_parks_for_reconnect_with_the_connection() -> None:
+    t = error(AuthorizationError("reconnect the mailbox", connection="mailbox"), attempt=1)
+    assert isinstance(t, policy.Stop)
+    assert (t.step_status, t.run_status, t.wait_kind) == ("parked", "parked", "reconnect")
+    assert t.reason == "reconnect the mailbox"
+    assert t.error is not None and t.error["connection"] == "mailbox"
+
+
+def test_needs_review_parks_for_a_person() -> None:
+    t = error(NeedsReview("payment uncertain", detail={"key": "k"}))
+    assert isinstance(t, policy.Stop)
+    assert (t.step_status, t.run_status, t.wait_kind) == ("parked", "parked", "review")
+    assert t.error is not None and t.error["detail"] == {"key": "k"}
+
+
+def test_permanent_error_fails_at_once() -> None:
+    t = error(PermanentError("400 bad address"), attempt=1)
+    assert t == policy.Stop(
+        "failed",
+        "failed",
+        "step send: 400 bad address",
+        {"type": "PermanentError", "message": "400 bad address"},
+    )
+
+
+@pytest.mark.parametrize("exc", [RetryableError("503"), ValueError("bug?"), OutcomeUnknown("?")])
+def test_exhausted_attempts_fail(exc: Exception) -> None:
+    t = error(exc, attempt=3)
+    assert isinstance(t, policy.Stop)
+    assert t.run_status == "failed" and "gave up after 3 attempts" in t.reason
+
+
+def test_retry_backs_off_with_full_jitter_under_the_ceiling() -> None:
+    seen: list[tuple[float, float]] = []
+
+    def highest(lo: float, hi: float) -> float:
+        seen.append((lo, hi))
+        return hi
+
+    # attempt 2 of base 2 s: ceiling min(10, 2 * 2**1) = 4 s
+    t = error(RetryableError("503"), attempt=2, jitter=highest)
+    assert t == policy.Retry(4.0, {"type": "RetryableError", "message": "503"})
+    assert seen == [(0, 4.0)]
+    # the cap bounds the ceiling
+    t = policy.after_error(
+        RuntimeError("x"),
+        step_id="s",
+        attempt=9,
+        retry=RetryPolicy(max_attempts=20, base=2.0, cap=10.0),
+        jitter=highest,
+    )
+    assert isinstance(t, policy.Retry) and t.delay == 10.0
+
+
+def test_retry_after_seconds_wins_over_backoff() -> None:
+    t = error(RateLimited("429", retry_after=42.0), attempt=1, jitter=lambda lo, hi: hi)
+    assert isinstance(t, policy.Retry) and t.delay == 42.0 and t.retry_at is None
+
+
+def test_retry_after_date_is_left_to_the_database_clock() -> None:
+    at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    t = error(RateLimited("429", retry_at=at), attempt=1)
+    assert isinstance(t, policy.Retry)
+    assert (t.delay, t.retry_at) == (0.0, at)
+
+
+def test_missing_kind_is_handed_back_for_another_worker() -> None:
+    t = policy.kind_not_registered("crm.tag", "w1")
+    assert t.delay == policy.KIND_MISSING_DELAY_S
+    assert "crm.tag" in t.error["message"] and "w1" in t.error["message"]
+
+
+def test_step_gone_from_its_version_or_bad_params_fail() -> None:
+    assert policy.step_not_in_version("x").run_status == "failed"
+    stop = policy.params_do_not_fit("x", "set", "values: required")
+    assert stop.run_status == "failed" and "values: required" in stop.reason
