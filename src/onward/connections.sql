@@ -61,11 +61,6 @@ UPDATE connections SET checked_at = now()
 WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
 RETURNING connection_id;
 
--- name: pending_notifications
--- Notifications not yet delivered by the hook.
-SELECT notification_id, kind, subject, body, created_at FROM notifications
-WHERE org_id = %(org_id)s AND delivered_at IS NULL ORDER BY notification_id;
-
 -- name: suppress
 -- Add a contact to the suppression list (unsubscribe, complaint, erasure).
 INSERT INTO suppressions (org_id, contact, channel, reason)

@@ -82,9 +82,3 @@ UPDATE effects SET status = 'review', lease_until = NULL,
                    last_error = coalesce(%(error)s, last_error)
 WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
 RETURNING first_attempt_at, attempts, last_error;
-
--- name: list_for_run
--- The effects of one run, for its page.
-SELECT effect_key, provider, status, attempts, first_attempt_at, last_attempt_at, settled_at,
-       result, last_error
-FROM effects WHERE org_id = %(org_id)s AND run_id = %(run_id)s ORDER BY first_attempt_at;

@@ -17,8 +17,3 @@ RETURNING term;
 -- Give the lease up at shutdown so another process takes over at once.
 UPDATE leader_leases SET lease_until = now()
 WHERE org_id = '_system' AND name = %(name)s AND holder = %(holder)s;
-
--- name: holder
--- Who leads now, if anyone.
-SELECT holder, term, lease_until, lease_until > now() AS live
-FROM leader_leases WHERE org_id = '_system' AND name = %(name)s;

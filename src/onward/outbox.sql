@@ -25,8 +25,3 @@ DELETE FROM outbox WHERE (org_id, outbox_id) IN (
     WHERE sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => %(keep)s)
     LIMIT %(limit)s
 );
-
--- name: next_delivery
--- When the earliest unsent row becomes deliverable (seconds from now), to sleep until then.
-SELECT extract(epoch FROM min(deliver_at) - now())::float8 AS wait_s
-FROM outbox WHERE sent_at IS NULL;

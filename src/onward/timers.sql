@@ -44,9 +44,3 @@ SELECT f.org_id, f.timer_id, f.run_id,
        ready.lane
 FROM f LEFT JOIN ready ON ready.org_id = f.org_id AND ready.run_id = f.run_id
                       AND ready.seq = f.seq;
-
--- name: lateness
--- Timer lateness (fired_at - due_at) of fired timers, for measurements (R18).
-SELECT fired_by, extract(epoch FROM fired_at - due_at)::float8 AS lateness_s
-FROM timers
-WHERE org_id = ANY(%(org_ids)s) AND fired_at IS NOT NULL AND fired_at >= %(since)s;
