@@ -12,7 +12,10 @@
   of a retried step. The outbox relay publishes each row under its ``job_id``, so a relay that
   crashes after publishing and republishes is deduplicated while the id is retained.
 
-The SQL that builds wake ids in a transaction follows the same format (leases.sql, timers.sql).
+Inside a transition the wake ids are built by the SQL functions ``onward_step_wake_id`` and
+``onward_timer_wake_id`` (migration ``0003_one_source``), used only through the shared fragment
+``announce_ready`` (``db/fragments.sql``) and ``leases.sql settle_wait_timer``; the functions
+here build the same strings (tests/integration/test_transitions.py compares them).
 """
 
 from __future__ import annotations
