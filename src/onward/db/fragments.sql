@@ -7,10 +7,12 @@
 -- Expects a CTE `to_ready` (org_id, run_id, seq, from_status, attempt, available_at, wake,
 -- error, event, worker, detail). Each named step still in from_status -- and, where attempt is
 -- not NULL, still at that attempt: the fence -- becomes ready at available_at, owned by nobody;
--- `wake` (what woke it) and `error` replace the step's own when given. Then announce_ready.
+-- its lease ends now (a lapsed one keeps the instant it lapsed); `wake` (what woke it) and
+-- `error` replace the step's own when given. Then announce_ready.
 ready AS (
     UPDATE steps st
-    SET status = 'ready', owner = NULL, lease_until = NULL, wait_kind = NULL,
+    SET status = 'ready', owner = NULL, lease_until = least(st.lease_until, now()),
+        wait_kind = NULL,
         available_at = r.available_at, wake = coalesce(r.wake, st.wake),
         error = coalesce(r.error, st.error), updated_at = now()
     FROM to_ready r
