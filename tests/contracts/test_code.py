@@ -116,3 +116,21 @@ def test_the_migrated_schema_equals_db_schema_sql(db_url: str) -> None:
         "`python -m onward.db.schema <empty database url> > src/onward/db/schema.sql` "
         "and review the diff"
     )
+
+
+#: Indexes that do not lead with org_id, on purpose: partial indexes over pending rows only,
+#: scanned across organisations by the workers' claim, the sweeper's rescue and the relay; and
+#: the rotation order of the fair sweep (organisations is keyed by org_id itself). The README's
+#: "Architecture" names the same four.
+CROSS_ORG_INDEXES = {"steps_claimable", "steps_leased", "outbox_unsent", "organisations_due"}
+
+
+def test_every_key_and_index_leads_with_org_id_but_the_declared_ones() -> None:
+    text = (SRC / "db" / "schema.sql").read_text(encoding="utf-8")
+    keys = re.findall(r"CONSTRAINT (\w+) (?:PRIMARY KEY|UNIQUE) \((\w+)", text)
+    indexes = re.findall(r"CREATE (?:UNIQUE )?INDEX (\w+) ON \S+ USING \w+ \((\w+)", text)
+    leading_elsewhere = {name for name, first in keys + indexes if first != "org_id"}
+    assert leading_elsewhere == CROSS_ORG_INDEXES, (
+        "keys and indexes lead with org_id; declare a deliberate exception in "
+        "CROSS_ORG_INDEXES and in the README's Architecture section"
+    )
