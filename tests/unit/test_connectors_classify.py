@@ -1,10 +1,12 @@
 """classify(): HTTP responses and transport exceptions → the engine's StepError family.
 
-Pure logic: responses and exceptions are built in-process, no network involved.
+Pure logic: responses and exceptions are built in-process, no network involved (one test
+runs classify in a real process whose clock runs five minutes fast).
 """
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -21,6 +23,7 @@ from onward.errors import (
     RetryableError,
     StepError,
 )
+from onward.testing import run_python
 
 CONN = Connection(
     id="conn_1", provider="email", base_url="http://mail.test", account="acct_1", token="t0k3n"
@@ -58,13 +61,43 @@ def test_429_with_seconds_sets_retry_after() -> None:
     assert error.retryable
 
 
-def test_429_with_an_http_date_sets_retry_after() -> None:
-    when = datetime.now(UTC) + timedelta(seconds=120)
+def test_429_with_an_http_date_sets_retry_at_not_a_delay() -> None:
+    when = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
     error = classify(response(429, headers={"Retry-After": format_datetime(when, usegmt=True)}))
 
     assert isinstance(error, RateLimited)
-    assert error.retry_after is not None
-    assert 100 <= error.retry_after <= 120
+    assert error.retry_at == when and error.retry_at.tzinfo is not None
+    assert error.retry_after is None  # the worker turns the instant into a delay, in SQL
+    assert "retry at 2031-05-06T07:08:09+00:00" in str(error)
+
+
+def test_an_http_date_in_the_past_by_this_clock_is_kept_as_it_is() -> None:
+    """The local clock may run fast: "five minutes ago" here may be "in a minute" for the
+    database. classify reads no clock, so the instant reaches the worker unchanged."""
+    when = (datetime.now(UTC) - timedelta(minutes=5)).replace(microsecond=0)
+    error = classify(response(429, headers={"Retry-After": format_datetime(when, usegmt=True)}))
+
+    assert isinstance(error, RateLimited)
+    assert error.retry_at == when
+    assert error.retry_after is None
+
+
+def test_a_429_under_a_clock_five_minutes_fast_still_waits_for_the_date() -> None:
+    """A real process whose clock runs 300 s fast (libfaketime) classifies a 429 whose date is
+    60 s ahead of the true time: the date is passed on, not turned into "retry now"."""
+    when = (datetime.now(UTC) + timedelta(seconds=60)).replace(microsecond=0)
+    code = (
+        "import sys, time, httpx\n"
+        "from onward.connectors import classify\n"
+        "r = httpx.Response(429, headers={'Retry-After': sys.argv[1]})\n"
+        "e = classify(r)\n"
+        "print(time.time(), e.retry_at.isoformat(), e.retry_after)\n"
+    )
+    out = run_python(code, format_datetime(when, usegmt=True), clock_offset="+300")
+    clock, retry_at, retry_after = out.split()
+    assert float(clock) - time.time() > 290  # the process's clock really ran fast
+    assert datetime.fromisoformat(retry_at) == when
+    assert retry_after == "None"
 
 
 @pytest.mark.parametrize("header", [None, "soon", ""])
@@ -77,14 +110,20 @@ def test_429_without_a_usable_retry_after_leaves_it_to_backoff(header: str | Non
 
 
 def test_parse_retry_after() -> None:
-    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    at = datetime(2025, 1, 1, 12, 0, 30, tzinfo=UTC)
     assert parse_retry_after("0") == 0.0
     assert parse_retry_after(" 2.5 ") == 2.5
     assert parse_retry_after("-3") == 0.0
     assert parse_retry_after("nan") is None
-    assert parse_retry_after("Wed, 01 Jan 2025 12:00:30 GMT", now=now) == 30.0
-    assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now=now) == 0.0  # in the past
+    assert parse_retry_after("inf") is None
+    assert parse_retry_after("Wed, 01 Jan 2025 12:00:30 GMT") == at  # IMF-fixdate
+    assert parse_retry_after("Wednesday, 01-Jan-25 12:00:30 GMT") == at  # RFC 850
+    assert parse_retry_after("Wed Jan  1 12:00:30 2025") == at  # asctime: GMT, no zone given
+    offset = parse_retry_after("Wed, 01 Jan 2025 14:00:30 +0200")
+    assert offset == at and isinstance(offset, datetime) and offset.utcoffset() == timedelta(0)
+    assert parse_retry_after("Wed, 32 Jan 2025 12:00:30 GMT") is None
     assert parse_retry_after("not a date") is None
+    assert parse_retry_after("") is None
     assert parse_retry_after(None) is None
 
 

@@ -10,13 +10,18 @@ Reads (``safe=True``) can't create anything, so for them a lost response is simp
 outcome                                       StepError
 ============================================  =================================================
 401, 403                                      AuthorizationError (never retried; reconnect)
-429                                           RateLimited(retry_after from ``Retry-After``)
+429                                           RateLimited(``Retry-After``: seconds -> retry_after,
+                                              an HTTP-date -> retry_at)
 408, 425, 5xx                                 RetryableError
 other 4xx, unexpected 3xx                     PermanentError
 connect error / connect or pool timeout       RetryableError (nothing was sent)
 read timeout, reset, dropped connection       OutcomeUnknown (RetryableError if ``safe``)
 any other exception                           RetryableError
 ============================================  =================================================
+
+Nothing here reads the local clock. A ``Retry-After`` HTTP-date stays an absolute instant
+(``RateLimited.retry_at``): the worker compares it with the database's ``now()``, so a worker
+whose clock runs fast or slow still waits as long as the provider asked.
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ _OUR_MISTAKE: tuple[type[Exception], ...] = (
 )
 
 
-def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value: delta-seconds or an HTTP-date.
+def parse_retry_after(value: str | None) -> float | datetime | None:
+    """What a ``Retry-After`` value asks for, without reading any clock.
 
-    None when absent or unreadable; a date in the past gives 0.
+    Delta-seconds give a float (negative ones 0.0); an HTTP-date gives the instant as an aware
+    UTC datetime, even one in the past (only the database's clock may say what is past). None
+    when absent or unreadable.
     """
     if value is None or not value.strip():
         return None
@@ -77,9 +84,9 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
-    if when.tzinfo is None:  # HTTP-dates are GMT by definition
+    if when.tzinfo is None:  # HTTP-dates are GMT by definition (asctime carries no zone)
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    return when.astimezone(UTC)
 
 
 def classify(
@@ -124,13 +131,14 @@ def _classify_response(response: httpx.Response, connection: Connection | None) 
             detail=detail,
         )
     if status == 429:
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        wait = f"; retry after {retry_after:g}s" if retry_after is not None else ""
-        return RateLimited(
-            f"{who} rate-limited the request (HTTP 429){wait}",
-            retry_after=retry_after,
-            detail=detail,
-        )
+        asked = parse_retry_after(response.headers.get("Retry-After"))
+        message = f"{who} rate-limited the request (HTTP 429)"
+        if isinstance(asked, datetime):
+            return RateLimited(
+                f"{message}; retry at {asked.isoformat()}", retry_at=asked, detail=detail
+            )
+        wait = f"; retry after {asked:g}s" if asked is not None else ""
+        return RateLimited(message + wait, retry_after=asked, detail=detail)
     # 408/425: the server gave up on (or declined) the request before acting on it.
     if status >= 500 or status in (408, 425):
         return RetryableError(f"{who} answered HTTP {status}", detail=detail)
