@@ -2,18 +2,25 @@
 
 Crashes raise errors; the dangerous failures don't. These checks look for absence instead: a
 run with no durable way forward, timers nobody fired, wakes nobody published, leases nobody
-rescued, effects nobody settled, a Redis that may evict wake jobs, no elected sweeper. Each
-check is one query; the healthy answer is zero.
+rescued, effects nobody settled, no elected sweeper, and a queue that may lose wakes without
+an error (a Redis that may evict them; a PostgreSQL LISTEN/NOTIFY channel whose round trip
+does not come back, see ``onward.queue.postgres``). Each check is one query or probe; the
+healthy answer is zero.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.rows import dict_row
 
 from onward.db.migrate import verify
 from onward.db.sql import Queries
-from onward.engine import Engine
+
+if TYPE_CHECKING:
+    from onward.engine import Engine
 
 Q = Queries(__package__, "doctor.sql")
 
@@ -27,6 +34,15 @@ class Check:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def runs_without_way_forward(
+    conn: psycopg.Connection[Any], *, settle: float = 5.0, limit: int = 20
+) -> list[dict[str, Any]]:
+    """Unfinished runs untouched for ``settle`` seconds with no durable way forward (the first
+    check of :func:`run_checks`), on a synchronous connection: ``onward chaos`` and tests."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(Q.no_way_forward, {"settle": settle, "limit": limit}).fetchall())
 
 
 async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -> list[Check]:

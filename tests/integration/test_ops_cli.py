@@ -25,6 +25,13 @@ def test_doctor_reports_each_invariant_and_fails_on_a_lost_run(
     report = json.loads(out.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["runs_without_way_forward"]["ok"] and checks["overdue_timers"]["ok"]
+    # the command consumes no wakes, so the queue check made a NOTIFY round trip of its own
+    assert checks["queue_postgres"] == {
+        "name": "queue_postgres",
+        "ok": True,
+        "value": 0,
+        "detail": "healthy",
+    }
     # nothing runs here, so no sweeper is elected: unhealthy, exit 1
     assert not checks["sweeper_elected"]["ok"] and out.returncode == 1
     sql.execute(
