@@ -1,28 +1,19 @@
-"""Helpers for testing automations and the engine itself against a real PostgreSQL.
-
-* ``TemporaryDatabases``: a migrated template database, cloned per test (fast: a file copy),
-  so each test has its own empty onward schema.
-* ``eventually``: wait for a condition by polling, never by a fixed sleep.
-"""
+"""A migrated template database, cloned per test (a file copy): each test gets its own empty
+onward schema on the one real server."""
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
 from onward.db.migrate import apply
 
-T = TypeVar("T")
-
 
 def with_database(url: str, dbname: str) -> str:
+    """``url`` pointing at database ``dbname`` instead."""
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + dbname))
 
@@ -38,13 +29,15 @@ class TemporaryDatabases:
     def _admin(self) -> psycopg.Connection:
         return psycopg.connect(self.admin_url, autocommit=True)
 
-    def prepare_template(self) -> None:
+    def _drop(self, name: str) -> None:
         with self._admin() as conn:
             conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(self.template)
-                )
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+    def prepare_template(self) -> None:
+        self._drop(self.template)
+        with self._admin() as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
         apply(with_database(self.admin_url, self.template))
 
@@ -60,54 +53,15 @@ class TemporaryDatabases:
         return with_database(self.admin_url, name)
 
     def drop(self, url: str) -> None:
-        name = urlsplit(url).path.lstrip("/")
-        with self._admin() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+        self._drop(urlsplit(url).path.lstrip("/"))
 
     def drop_template(self) -> None:
-        with self._admin() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(self.template)
-                )
-            )
+        self._drop(self.template)
 
 
-async def eventually(
-    check: Callable[[], Awaitable[T]],
-    *,
-    timeout: float = 20.0,
-    interval: float = 0.05,
-    what: str = "condition",
-) -> T:
-    """Poll ``check`` until it returns a truthy value; return it. Raises ``AssertionError``
-    with the last value seen when ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = await check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r})")
-        await asyncio.sleep(interval)
-
-
-def eventually_sync(
-    check: Callable[[], T],
-    *,
-    timeout: float = 20.0,
-    interval: float = 0.05,
-    what: str = "condition",
-) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r})")
-        time.sleep(interval)
+def with_query(url: str, **params: str) -> str:
+    """``url`` with query parameters added (e.g. ``application_name``)."""
+    parts = urlsplit(url)
+    extra = urlencode(params)
+    query = f"{parts.query}&{extra}" if parts.query else extra
+    return urlunsplit(parts._replace(query=query))

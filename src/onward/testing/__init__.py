@@ -1,0 +1,91 @@
+"""Test support for onward and for automations built on it, in one place: real databases, real
+processes, and the readers and checks every test of a durable engine needs. Nothing here mocks
+the database, the queue or a process. onward's own unit, integration, acceptance and chaos
+tests use it, and so does ``onward chaos``. ``import onward`` never loads it.
+
+Databases (:mod:`onward.testing.databases`)
+    ``TemporaryDatabases(admin_url, tag=)``: a migrated template database (``prepare_template``),
+    cloned per test (``create() -> url``, a file copy), so each test has its own empty onward
+    schema; ``drop(url)``, ``drop_template()``. ``with_database(url, name)``,
+    ``with_query(url, application_name=...)``.
+
+Waiting (:mod:`onward.testing.waiting`)
+    ``await eventually(check, timeout=, interval=, what=)`` and ``eventually_sync(...)``: poll
+    until ``check()`` returns something truthy and return it; ``AssertionError`` with the last
+    value at the timeout. Never a fixed sleep.
+
+Processes (:mod:`onward.testing.processes`)
+    ``Process``: a child writing to a log file -- ``alive()``, ``signal(sig)``, ``kill()``,
+    ``terminate()``, ``tell(line)`` (stdin), ``log_text()``, ``tail()``, ``read_new()``,
+    ``printed(prefix)``, ``await ready()``, ``await exited()``, and ``close()``, which always
+    reaps it. ``Processes(log_dir)``: the children of one test, closed together with their logs
+    printed. ``process_env(crash_at=, clock_offset=)``: a child's environment with a crash
+    point armed (``ONWARD_CRASH_AT``) and its clocks skewed (libfaketime). ``run_python(code,
+    *args, clock_offset=)`` runs a snippet in a fresh interpreter; ``loaded_modules(*imports)``
+    says which ``onward`` modules a fresh interpreter loads for those imports.
+
+Worker processes (:mod:`onward.testing.worker`)
+    ``python -m onward.testing.worker worker|starter``: a real onward process (worker, relay,
+    optionally the elected sweeper; or the chaos scenario's starter). ``spawn_worker(settings,
+    name, log_dir=, crash_at=, clock_offset=, sweeper=, relay=, worker=, twice=, lanes=,
+    kinds=, leader_ttl=, app_prefix=, standby=)`` starts one; ``Processes.worker(...)`` does so
+    inside a test's group. It prints ``ready <name> crash_at=<armed>``, ``stopping on
+    SIGTERM``, ``stats {...}`` and ``stopped``.
+
+Step kinds for tests (:mod:`onward.testing.kinds`)
+    ``test.sleep`` (``SLEEP_KIND``): sleeps, answers the attempt, the worker and its clock.
+
+Rows (:mod:`onward.testing.rows`)
+    Readers: ``history(conn, run_id, *events, seq=)``, ``step_row(conn, run_id, seq)`` (with
+    ``lapsed``), ``run_row(conn, run_id)``, ``effect_row(conn, key)``. Checks:
+    ``double_transitions(conn, org=)`` -> ``{check: count}`` of everything applied twice (a
+    claim, done, wait or timer firing twice for one attempt, a step done twice, a timer fired
+    twice, a run completed twice, a step settled by a stale attempt, two step rows at one
+    position); ``assert_nothing_applied_twice(conn)``; ``unfinished_runs(conn)``,
+    ``runs_without_way_forward(conn)`` (the doctor's check) and ``lost_runs(conn)``.
+"""
+
+from onward.testing.databases import TemporaryDatabases, with_database, with_query
+from onward.testing.processes import (
+    Process,
+    Processes,
+    libfaketime,
+    loaded_modules,
+    process_env,
+    run_python,
+)
+from onward.testing.rows import (
+    assert_nothing_applied_twice,
+    double_transitions,
+    effect_row,
+    history,
+    lost_runs,
+    run_row,
+    runs_without_way_forward,
+    step_row,
+    unfinished_runs,
+)
+from onward.testing.waiting import eventually, eventually_sync
+
+__all__ = [
+    "Process",
+    "Processes",
+    "TemporaryDatabases",
+    "assert_nothing_applied_twice",
+    "double_transitions",
+    "effect_row",
+    "eventually",
+    "eventually_sync",
+    "history",
+    "libfaketime",
+    "loaded_modules",
+    "lost_runs",
+    "process_env",
+    "run_python",
+    "run_row",
+    "runs_without_way_forward",
+    "step_row",
+    "unfinished_runs",
+    "with_database",
+    "with_query",
+]

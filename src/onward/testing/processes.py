@@ -1,0 +1,274 @@
+"""Real child processes for tests and for ``onward chaos``: started with their output in a log
+file, signalled (SIGKILL, SIGTERM, SIGSTOP/SIGCONT), always reaped.
+
+* :func:`process_env`: a child's environment -- unbuffered output, ``ONWARD_CRASH_AT`` armed
+  (``crash_at``) or cleared, the wall and monotonic clocks moved with libfaketime
+  (``clock_offset="+300"``);
+* :class:`Process`: one child and its log (``tell`` writes a line to its stdin, ``read_new``
+  reads what it wrote since the last call);
+* :class:`Processes`: the children of one test, reaped together, their logs printed at the
+  end (pytest shows them when the test failed);
+* :func:`run_python` and :func:`loaded_modules`: a snippet in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, Self
+
+from onward.testing.waiting import eventually
+
+if TYPE_CHECKING:
+    from onward.config import Settings
+
+_KEEP_TEXT = 200_000  # what read_new keeps in ``text``
+
+
+def libfaketime() -> str | None:
+    """The libfaketime shared library (Debian package ``faketime``), if installed."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")) + sorted(
+        glob.glob("/usr/lib/faketime/libfaketime.so.1")
+    )
+    return found[0] if found else None
+
+
+def process_env(
+    *,
+    crash_at: str | None = None,
+    clock_offset: str | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """This process's environment for a child: unbuffered output, ``ONWARD_CRASH_AT`` set to
+    ``crash_at`` (``point[@n]``) or removed, and with ``clock_offset`` (e.g. ``"+600"``) the
+    child's clocks (``time.time()``, ``datetime.now()``, the monotonic clock) that far ahead.
+
+    libfaketime is preloaded directly, not through the ``faketime`` wrapper (which forks), so
+    signals sent to the child reach the Python process itself."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("ONWARD_CRASH_AT", None)
+    if crash_at:
+        env["ONWARD_CRASH_AT"] = crash_at
+    if clock_offset is not None:
+        lib = libfaketime()
+        if lib is None:
+            raise RuntimeError("libfaketime is not installed: apt-get install -y faketime")
+        env.update(LD_PRELOAD=lib, FAKETIME=clock_offset, FAKETIME_NO_CACHE="1")
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Process:
+    """One child process writing stdout and stderr to ``log_path``. ``close()`` reaps it."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log: IO[bytes] = field(repr=False)
+    offset: int = field(default=0, repr=False)
+    text: str = field(default="", repr=False)  # what read_new() has read so far (capped)
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        name: str,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        cwd: str | Path | None = None,
+        **fields: Any,
+    ) -> Self:
+        """Start ``argv``; ``stdin=True`` gives it a pipe for :meth:`tell`. ``fields`` go to a
+        subclass's own fields."""
+        log = log_path.open("wb")
+        popen = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            env=dict(env) if env is not None else process_env(),
+            cwd=cwd,
+        )
+        return cls(name=name, popen=popen, log_path=log_path, log=log, **fields)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.popen.send_signal(sig)
+
+    def terminate(self) -> None:
+        self.popen.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.popen.send_signal(signal.SIGKILL)
+
+    def tell(self, line: str) -> bool:
+        """Write ``line`` to the child's stdin; False if it is gone (or has no pipe)."""
+        if self.popen.stdin is None:
+            return False
+        try:
+            self.popen.stdin.write(line.encode())
+            self.popen.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+        return True
+
+    def close_stdin(self) -> None:
+        """EOF on the child's stdin."""
+        if self.popen.stdin is not None and not self.popen.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
+
+    def log_text(self) -> str:
+        """Everything the child wrote so far (it writes the file itself)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, chars: int = 1500) -> str:
+        return self.log_text()[-chars:]
+
+    def read_new(self) -> str:
+        """What the child wrote since the last call (also appended to ``text``)."""
+        with self.log_path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        chunk = data.decode(errors="replace")
+        if len(self.text) < _KEEP_TEXT:
+            self.text += chunk
+        return chunk
+
+    def printed(self, prefix: str) -> bool:
+        """A line starting with ``prefix`` is in the log."""
+        return ("\n" + prefix) in ("\n" + self.log_text())
+
+    async def ready(self, *, timeout: float = 30.0, line: str = "ready ") -> None:
+        """Wait until the child printed a line starting with ``line``; it must stay alive."""
+
+        async def check() -> bool:
+            assert self.alive(), f"{self.name} exited:\n{self.tail(3000)}"
+            return self.printed(line)
+
+        await eventually(check, timeout=timeout, interval=0.05, what=f"{self.name} ready")
+
+    async def exited(self, timeout: float = 20.0) -> int:
+        """Wait (without blocking the event loop) until the child exits; its return code."""
+
+        async def gone() -> bool:
+            return not self.alive()
+
+        await eventually(gone, timeout=timeout, what=f"{self.name} to exit")
+        return int(self.popen.returncode)
+
+    def close(self) -> None:
+        """Kill the child if it still runs (SIGCONT first: a stopped one cannot die), reap it,
+        close its log and stdin."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signal.SIGCONT)
+                self.popen.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+        self.close_stdin()
+        if not self.log.closed:
+            self.log.close()
+
+
+class Processes:
+    """The processes one test started, logs in ``log_dir``. Closing reaps every one (SIGKILL
+    by its own pid if still running) and prints the end of each log."""
+
+    def __init__(self, log_dir: str | Path, *, log_chars: int = 20_000) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_chars = log_chars
+        self.started: list[Process] = []
+
+    def start(
+        self,
+        argv: Sequence[str],
+        name: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        cwd: str | Path | None = None,
+    ) -> Process:
+        proc = Process.start(
+            argv, name=name, log_path=self.log_dir / f"{name}.log", env=env, stdin=stdin, cwd=cwd
+        )
+        self.started.append(proc)
+        return proc
+
+    def worker(self, settings: Settings, name: str, **options: Any) -> Process:
+        """A real onward process (:func:`onward.testing.worker.spawn_worker`) in this group."""
+        from onward.testing.worker import spawn_worker
+
+        proc = spawn_worker(settings, name, log_dir=self.log_dir, **options)
+        self.started.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.started:
+            proc.close()
+        for proc in self.started:
+            print(f"--- log of {proc.name} (pid {proc.pid}, exit {proc.returncode}) ---")
+            print(proc.log_text()[-self.log_chars :])
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def run_python(
+    code: str, *args: str, clock_offset: str | None = None, timeout: float = 60.0
+) -> str:
+    """Run ``code`` in a fresh interpreter (``python -c code args...``); its stdout. Raises
+    ``AssertionError`` with its stderr when it fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=process_env(clock_offset=clock_offset),
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"python -c failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def loaded_modules(*imports: str, prefix: str = "onward") -> set[str]:
+    """The modules named ``prefix`` or below it that a fresh interpreter has loaded after
+    ``import`` of each of ``imports``."""
+    code = "".join(f"import {name}\n" for name in imports) + (
+        "import sys\n"
+        f"print('\\n'.join(m for m in sys.modules if m == {prefix!r} "
+        f"or m.startswith({prefix + '.'!r})))\n"
+    )
+    return set(run_python(code).split())

@@ -1,0 +1,116 @@
+"""Readers of runs, steps, effects and history, and the checks every test of a durable engine
+makes: nothing applied twice, nothing lost. Synchronous, on any psycopg connection (rows come
+back as dicts). ``org=None`` reads every organisation: a test's own database.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from onward.db.sql import Queries
+from onward.engine import TERMINAL
+
+Q = Queries(__package__, "rows.sql")
+
+Row = dict[str, Any]
+
+# Runs in these states need nobody but a person (parked) or nothing at all.
+SETTLED = (*sorted(TERMINAL), "parked")
+
+#: The "applied twice" checks: name -> query. Every count must be 0.
+DOUBLE_CHECKS = (
+    "claim_or_wait_twice",
+    "step_done_twice",
+    "timer_fired_twice",
+    "run_completed_twice",
+    "settled_by_a_stale_attempt",
+    "steps_done_per_seq",
+)
+
+
+def _all(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(query, params).fetchall())
+
+
+def _one(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> Row | None:
+    rows = _all(conn, query, params)
+    return rows[0] if rows else None
+
+
+def history(
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    *events: str,
+    seq: int | None = None,
+    org: str | None = None,
+) -> list[Row]:
+    """A run's history rows (event_id, at, event, seq, step_id, attempt, worker, detail),
+    oldest first: only ``events`` when named, only ``seq`` when given."""
+    params = {"run_id": run_id, "events": list(events), "seq": seq, "org": org}
+    return _all(conn, Q.history, params)
+
+
+def step_row(
+    conn: psycopg.Connection[Any], run_id: str, seq: int, *, org: str | None = None
+) -> Row:
+    """Every column of one step, and ``lapsed``: its lease ended by the database's clock."""
+    row = _one(conn, Q.step_row, {"run_id": run_id, "seq": seq, "org": org})
+    assert row is not None, f"no step {run_id}#{seq}"
+    return row
+
+
+def run_row(conn: psycopg.Connection[Any], run_id: str, *, org: str | None = None) -> Row:
+    """Every column of one run."""
+    row = _one(conn, Q.run_row, {"run_id": run_id, "org": org})
+    assert row is not None, f"no run {run_id}"
+    return row
+
+
+def effect_row(conn: psycopg.Connection[Any], key: str, *, org: str | None = None) -> Row | None:
+    """Every column of the effect with this key, or None."""
+    return _one(conn, Q.effect_row, {"key": key, "org": org})
+
+
+def double_transitions(conn: psycopg.Connection[Any], *, org: str | None = None) -> dict[str, int]:
+    """The "applied twice" checks that found something: ``{check: count}`` (empty: none).
+
+    A claim, done, wait or timer firing twice for one attempt; a step done twice; a timer
+    fired twice; a run completed twice; a step settled by a stale attempt (the fence failed);
+    two step rows at one position."""
+    found: dict[str, int] = {}
+    for name in DOUBLE_CHECKS:
+        row = _one(conn, getattr(Q, name), {"org": org})
+        n = int(row["n"]) if row else 0
+        if n:
+            found[name] = n
+    return found
+
+
+def assert_nothing_applied_twice(conn: psycopg.Connection[Any], *, org: str | None = None) -> None:
+    """``AssertionError`` naming every check of :func:`double_transitions` that found something."""
+    found = double_transitions(conn, org=org)
+    assert found == {}, f"transitions applied twice: {found}"
+
+
+def unfinished_runs(conn: psycopg.Connection[Any], *, org: str | None = None) -> set[str]:
+    """Runs neither finished nor parked for a person."""
+    rows = _all(conn, Q.unfinished_runs, {"org": org, "settled": list(SETTLED)})
+    return {r["run_id"] for r in rows}
+
+
+def runs_without_way_forward(conn: psycopg.Connection[Any]) -> set[str]:
+    """Unfinished runs with no durable way forward right now (the doctor's check, with no
+    settling time)."""
+    from onward.doctor import runs_without_way_forward as doctor_check
+
+    return {r["run_id"] for r in doctor_check(conn, settle=0.0, limit=1_000_000)}
+
+
+def lost_runs(conn: psycopg.Connection[Any], *, org: str | None = None) -> set[str]:
+    """Runs that are lost once everything should have finished: unfinished, or with no
+    durable way forward."""
+    return unfinished_runs(conn, org=org) | runs_without_way_forward(conn)

@@ -1,0 +1,79 @@
+-- The readers and checks of onward.testing: what tests and `onward chaos` read from the rows.
+-- %(org)s NULL means every organisation (a test's own database).
+
+-- name: history
+-- A run's history rows, oldest first: only the named events (all when none), one seq or all.
+SELECT event_id, at, event, seq, step_id, attempt, worker, detail
+FROM history
+WHERE run_id = %(run_id)s
+  AND (%(org)s::text IS NULL OR org_id = %(org)s)
+  AND (cardinality(%(events)s::text[]) = 0 OR event = ANY(%(events)s::text[]))
+  AND (%(seq)s::int IS NULL OR seq = %(seq)s::int)
+ORDER BY event_id;
+
+-- name: step_row
+-- One step of a run, with whether its lease has lapsed by the database's clock.
+SELECT s.*, s.lease_until <= now() AS lapsed
+FROM steps s
+WHERE s.run_id = %(run_id)s AND s.seq = %(seq)s
+  AND (%(org)s::text IS NULL OR s.org_id = %(org)s);
+
+-- name: run_row
+-- One run.
+SELECT * FROM runs
+WHERE run_id = %(run_id)s AND (%(org)s::text IS NULL OR org_id = %(org)s);
+
+-- name: effect_row
+-- One effect, by its key.
+SELECT * FROM effects
+WHERE effect_key = %(key)s AND (%(org)s::text IS NULL OR org_id = %(org)s);
+
+-- name: unfinished_runs
+-- Runs neither finished nor parked for a person.
+SELECT run_id FROM runs
+WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND status <> ALL(%(settled)s::text[]);
+
+-- name: claim_or_wait_twice
+-- A claim, a done, a wait or a timer firing written twice for one attempt of one step.
+SELECT count(*) AS n FROM (
+    SELECT org_id, run_id, seq, attempt, event FROM history
+    WHERE (%(org)s::text IS NULL OR org_id = %(org)s)
+      AND event IN ('step_claimed', 'step_done', 'step_waiting', 'timer_fired')
+    GROUP BY 1, 2, 3, 4, 5 HAVING count(*) > 1) x;
+
+-- name: step_done_twice
+-- A step done twice, whatever the attempts.
+SELECT count(*) AS n FROM (
+    SELECT org_id, run_id, seq FROM history
+    WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND event = 'step_done'
+    GROUP BY 1, 2, 3 HAVING count(*) > 1) x;
+
+-- name: timer_fired_twice
+-- A timer fired twice.
+SELECT count(*) AS n FROM (
+    SELECT org_id, detail->>'timer_id' FROM history
+    WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND event = 'timer_fired'
+    GROUP BY 1, 2 HAVING count(*) > 1) x;
+
+-- name: run_completed_twice
+-- A run completed twice.
+SELECT count(*) AS n FROM (
+    SELECT org_id, run_id FROM history
+    WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND event = 'run_completed'
+    GROUP BY 1, 2 HAVING count(*) > 1) x;
+
+-- name: settled_by_a_stale_attempt
+-- A step settled by an attempt after a later attempt had claimed it: the fence failed.
+SELECT count(*) AS n FROM history d
+WHERE (%(org)s::text IS NULL OR d.org_id = %(org)s)
+  AND d.event IN ('step_done', 'step_failed', 'step_parked', 'step_cancelled')
+  AND EXISTS (SELECT 1 FROM history c
+              WHERE c.org_id = d.org_id AND c.run_id = d.run_id AND c.seq = d.seq
+                AND c.event = 'step_claimed' AND c.attempt > d.attempt);
+
+-- name: steps_done_per_seq
+-- Two step rows at one position of a run.
+SELECT count(*) AS n FROM (
+    SELECT org_id, run_id, seq FROM steps
+    WHERE (%(org)s::text IS NULL OR org_id = %(org)s)
+    GROUP BY 1, 2, 3 HAVING count(*) > 1) x;
