@@ -20,6 +20,7 @@ from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
 from onward.errors import PayloadTooLarge, UnknownAutomation
+from onward.inputs import check_storable, check_text
 from onward.kinds import Registry
 
 Q = Queries(__package__, "start.sql")
@@ -59,6 +60,17 @@ async def start_run(
     """Start a run of the latest (or given) version: one statement, one commit for a new run;
     a duplicate costs one more read. ``registry`` and ``versions`` are accepted for callers
     that pass them; the version's first step was resolved when it was published."""
+    # What PostgreSQL would refuse mid-statement (NUL, lone surrogates, NaN, too deep) is
+    # refused here, whole, before anything is written.
+    for what, text in (
+        ("automation id", automation_id),
+        ("event id", event_id),
+        ("key", key),
+        ("contact id", contact_id),
+    ):
+        if text is not None:
+            check_text(text, what)
+    check_storable(payload, "the payload")
     size = len(json.dumps(payload, default=str).encode())
     if size > max_payload_bytes:
         raise PayloadTooLarge(size, max_payload_bytes)

@@ -7,7 +7,7 @@ import asyncio
 import psycopg
 import pytest
 
-from onward import Automation, PayloadTooLarge
+from onward import Automation, InvalidInput, PayloadTooLarge
 from onward.engine import Engine
 from onward.errors import UnknownAutomation
 
@@ -67,3 +67,33 @@ async def test_run_completes_and_history_is_ordered(engine: Engine) -> None:
     events = [e["event"] for e in view["history"]]
     assert events == ["run_started", "step_ready", "step_claimed", "step_done", "run_completed"]
     assert view["run"]["ctx"]["vars"] == {"greeting": "hi Maya"}
+
+
+def _nested(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("payload", "ids", "problem"),
+    [
+        ({"name": "Ma\x00ya"}, {}, "NUL"),
+        ({"name": "\ud800"}, {}, "surrogate"),
+        ({"score": float("nan")}, {}, "not a number"),
+        ({"score": float("inf")}, {}, "not a number"),
+        ({"deep": _nested(200)}, {}, "deep"),
+        ({"name": "Maya"}, {"event_id": "evt\x00"}, "event id"),
+        ({"name": "Maya"}, {"key": "k\ud800"}, "key"),
+    ],
+)
+async def test_what_postgres_cannot_store_is_refused_before_anything_is_written(
+    engine: Engine, sql: psycopg.Connection, payload: dict, ids: dict, problem: str
+) -> None:
+    """The library refuses, whole and first, what jsonb/text would refuse mid-statement."""
+    await engine.publish(FLOW)
+    with pytest.raises(InvalidInput, match=problem):
+        await engine.start("greet", payload, **ids)
+    assert sql.execute("SELECT count(*) AS n FROM runs").fetchone()["n"] == 0
+    assert sql.execute("SELECT count(*) AS n FROM outbox").fetchone()["n"] == 0
