@@ -1,11 +1,14 @@
-"""Each connector against the real sandbox over HTTP: results, reconciliation, and how real
-401/429/503/dropped responses are classified into StepErrors."""
+"""Each connector against the real sandbox over HTTP: results, reconciliation, how real
+401/429/503/dropped responses are classified into StepErrors, and that ``http.call`` never
+sends a connection's token to another host (a second real server counts what reaches it)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -260,7 +263,7 @@ async def test_generic_http_connector_sends_the_key_in_the_configured_header(
     assert len(admin.ledger("email")) == 2
 
 
-async def test_generic_http_connector_takes_any_method_and_url(
+async def test_generic_http_connector_takes_any_method_and_a_url_under_its_base(
     connect: Connect, sandbox: SandboxServer
 ) -> None:
     generic: HttpConnector = connect("http")
@@ -375,3 +378,106 @@ async def test_unreachable_provider_is_retryable_not_unknown(connect: Connect) -
 
     assert type(caught.value) is RetryableError
     assert caught.value.detail["exception"] == "ConnectError"
+
+
+# --- http.call stays at the connection's base URL --------------------------------------------
+
+
+class Recorder:
+    """A real HTTP server on its own port that answers 200 ``{}`` and records every request
+    (method, path, Authorization header)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, str | None]] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                recorder.requests.append(
+                    (self.command, self.path, self.headers.get("Authorization"))
+                )
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Recorder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def elsewhere() -> Iterator[Recorder]:
+    with Recorder() as server:
+        yield server
+
+
+def hostile_paths(base: str, other: str) -> list[str]:
+    """Paths and URLs that would send the request (and the token) to ``other``, or above the
+    base path of ``base``."""
+    host = other.split("://", 1)[1]
+    return [
+        f"{other}/steal",
+        f"{other.upper()}/steal",
+        f"//{host}/steal",
+        f"///{host}/steal",
+        f"\\\\{host}/steal",
+        f"/\\{host}/steal",
+        f"http:{host}/steal",
+        f"{base}@{host}/steal",
+        f"{base}.{host}/steal",
+        f"\t//{host}/steal",
+        "../steal",
+        "/../../steal",
+        "%2e%2e/steal",
+        "..%2fsteal",
+        "%252e%252e%252fsteal",
+        f"{base}/../steal",
+    ]
+
+
+async def test_http_call_sends_nothing_to_another_host_and_refuses_before_any_request(
+    connect: Connect, sandbox: SandboxServer, admin: SandboxAdmin, elsewhere: Recorder
+) -> None:
+    base = f"{sandbox.url}/email"
+    generic: HttpConnector = connect("http", base_url=base)
+    body = PARAMS["email"] | {"metadata": {}}
+    for path in hostile_paths(base, elsewhere.url):
+        for param in ("path", "url"):
+            with pytest.raises(PermanentError, match="must stay under the connection's base URL"):
+                await generic.perform(KEY, {param: path, "json": body})
+
+    assert elsewhere.requests == []  # the token never left for the other host
+    assert admin.ledger("email") == []
+    sent = await generic.perform(KEY, {"path": "/messages", "json": body})  # what is allowed
+    assert [e["response_id"] for e in admin.ledger("email")] == [sent["id"]]
+    assert elsewhere.requests == []
+
+
+async def test_http_call_refuses_before_any_request_even_to_its_own_host(
+    connect: Connect, elsewhere: Recorder
+) -> None:
+    with Recorder() as home:
+        generic: HttpConnector = connect("http", base_url=f"{home.url}/api")
+        for path in hostile_paths(f"{home.url}/api", elsewhere.url):
+            with pytest.raises(PermanentError):
+                await generic.perform(KEY, {"method": "GET", "path": path})
+        assert home.requests == [] and elsewhere.requests == []
+
+        await generic.perform(KEY, {"method": "GET", "path": "/a/../b?x=1"})
+        assert home.requests == [("GET", "/api/b?x=1", "Bearer acct_1")]
+        assert elsewhere.requests == []
