@@ -1,7 +1,8 @@
 -- Connected accounts (R15).
 
 -- name: upsert
--- Create or replace a connection (e.g. after the customer reconnects with a new token).
+-- Create a connection or replace its credentials. A broken connection stays broken, and its
+-- parked runs stay parked, until restore (the customer says the new credentials work).
 INSERT INTO connections (org_id, connection_id, provider, base_url, account, secret)
 VALUES (%(org_id)s, %(connection_id)s, %(provider)s, %(base_url)s, %(account)s, %(secret)s)
 ON CONFLICT (org_id, connection_id) DO UPDATE

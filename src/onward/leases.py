@@ -191,7 +191,7 @@ async def settle_stop(
     error: dict[str, Any] | None = None,
     wait_kind: str | None = None,
 ) -> bool:
-    """End (failed / exceeded / cancelled / skipped) or park the step and its run."""
+    """End the step and its run (failed / exceeded / cancelled) or park both for a person."""
     cur = await conn.execute(
         Q.settle_stop,
         {

@@ -114,6 +114,14 @@ def kind_not_registered(kind: str, worker: str) -> Retry:
     return Retry(KIND_MISSING_DELAY_S, {"message": message})
 
 
+def engine_error(exc: BaseException) -> Stop:
+    """A bug outside the handler (in the engine itself): never loop on it -- park the run for
+    a person with what went wrong."""
+    return Stop(
+        "parked", "parked", f"engine error: {type(exc).__name__}: {exc}", wait_kind="review"
+    )
+
+
 def error_detail(exc: BaseException) -> dict[str, Any]:
     """What the step row and its history keep of an error."""
     error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
@@ -198,6 +206,7 @@ __all__ = [
     "after_error",
     "after_result",
     "at_claim",
+    "engine_error",
     "error_detail",
     "kind_not_registered",
     "params_do_not_fit",

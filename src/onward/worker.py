@@ -199,11 +199,8 @@ class Worker:
             except Exception as exc:  # a bug outside the handler: never loop on it
                 log.exception("step %s#%s: engine error", token.run_id, token.seq)
                 row = None
-                reason = f"engine error: {type(exc).__name__}: {exc}"
                 with contextlib.suppress(Exception):
-                    await self._write(
-                        token, policy.Stop("parked", "parked", reason, wait_kind="review")
-                    )
+                    await self._write(token, policy.engine_error(exc))
             finally:
                 self.held.pop(token.key, None)
                 self.running[lane] -= 1

@@ -222,3 +222,9 @@ def test_step_gone_from_its_version_or_bad_params_fail() -> None:
     assert policy.step_not_in_version("x").run_status == "failed"
     stop = policy.params_do_not_fit("x", "set", "values: required")
     assert stop.run_status == "failed" and "values: required" in stop.reason
+
+
+def test_an_engine_error_parks_the_run_for_review() -> None:
+    stop = policy.engine_error(KeyError("ctx"))
+    assert (stop.step_status, stop.run_status, stop.wait_kind) == ("parked", "parked", "review")
+    assert stop.reason == "engine error: KeyError: 'ctx'"

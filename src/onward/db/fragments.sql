@@ -7,11 +7,12 @@
 -- Expects a CTE `to_ready` (org_id, run_id, seq, from_status, attempt, available_at, wake,
 -- error, event, worker, detail). Each named step still in from_status -- and, where attempt is
 -- not NULL, still at that attempt: the fence -- becomes ready at available_at, owned by nobody;
--- its lease ends now (a lapsed one keeps the instant it lapsed); `wake` (what woke it) and
+-- a lease it holds ends now (a lapsed one keeps the instant it lapsed); `wake` (what woke it) and
 -- `error` replace the step's own when given. Then announce_ready.
 ready AS (
     UPDATE steps st
-    SET status = 'ready', owner = NULL, lease_until = least(st.lease_until, now()),
+    SET status = 'ready', owner = NULL,
+        lease_until = CASE WHEN st.lease_until IS NOT NULL THEN least(st.lease_until, now()) END,
         wait_kind = NULL,
         available_at = r.available_at, wake = coalesce(r.wake, st.wake),
         error = coalesce(r.error, st.error), updated_at = now()
