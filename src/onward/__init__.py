@@ -7,6 +7,8 @@ The public API is what this module exports; everything else is internal and may 
 from onward.automations.builder import Automation
 from onward.automations.document import AutomationDoc
 from onward.config import Settings
+from onward.connectors import Connection, Connector, classify, register_connector
+from onward.effect_kinds import _effect as run_effect
 from onward.engine import Engine
 from onward.errors import (
     AuthorizationError,
@@ -37,6 +39,8 @@ __all__ = [
     "Automation",
     "AutomationDoc",
     "ConfigError",
+    "Connection",
+    "Connector",
     "Engine",
     "InvalidAutomation",
     "InvalidInput",
@@ -58,6 +62,9 @@ __all__ = [
     "UnknownConnection",
     "UnknownRun",
     "Wait",
+    "classify",
+    "register_connector",
     "registry",
+    "run_effect",
     "step_kind",
 ]

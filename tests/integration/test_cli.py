@@ -39,14 +39,19 @@ steps:
 
 
 def onward(
-    db_url: str, *args: str, timeout: float = 60, **kw: object
+    db_url: str,
+    *args: str,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    **kw: object,
 ) -> subprocess.CompletedProcess[str]:
+    """``onward --database-url DB ARGS`` as a subprocess; ``env`` adds to the environment."""
     return subprocess.run(
         [sys.executable, "-m", "onward.cli", "--database-url", db_url, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "ONWARD_LOG_LEVEL": "warning"},
+        env={**os.environ, "ONWARD_LOG_LEVEL": "warning", **(env or {})},
         **kw,  # type: ignore[call-overload]
     )
 
@@ -206,13 +211,14 @@ def test_demo_finishes_with_a_completed_run_and_the_duplicate_in_its_timeline(db
 class Process:
     """A long-running ``onward`` command whose stderr is collected by a thread."""
 
-    def __init__(self, db_url: str, *args: str) -> None:
+    def __init__(self, db_url: str, *args: str, cwd: Path | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "onward.cli", "--database-url", db_url, *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "ONWARD_LOG_LEVEL": "info", "ONWARD_SHUTDOWN_GRACE_SECONDS": "2"},
+            cwd=cwd,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -229,6 +235,17 @@ class Process:
                 return m
         return None
 
+    def api_url(self) -> str:
+        """Wait until the process serves its API; its URL."""
+        found = eventually_sync(
+            lambda: self.proc.poll() is not None or self.find(r"API on (http://\S+)"),
+            timeout=30,
+            what="the API to listen",
+        )
+        assert self.proc.poll() is None, "".join(self.lines)
+        assert isinstance(found, re.Match)
+        return found.group(1)
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout=30)
@@ -244,8 +261,24 @@ class Process:
             self.proc.stderr.close()
 
 
-@pytest.fixture
-def processes() -> Iterator[list[Process]]:
+def deliver_and_complete(
+    url: str, automation: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> str:
+    """POST a webhook to the API at ``url``, expect a new run, wait until it completes."""
+    with httpx.Client(base_url=url, timeout=10) as client:
+        reply = client.post(f"/v1/hooks/{automation}", json=body, headers=headers or {})
+        assert reply.status_code == 202, reply.text
+        run_id: str = reply.json()["run_id"]
+        eventually_sync(
+            lambda: client.get(f"/v1/runs/{run_id}").json()["run"]["status"] == "completed",
+            timeout=30,
+            what="the run to complete",
+        )
+    return run_id
+
+
+@pytest.fixture(name="processes")
+def processes_fixture() -> Iterator[list[Process]]:
     started: list[Process] = []
     yield started
     for p in started:
@@ -258,23 +291,7 @@ def test_up_serves_webhooks_and_stops_gracefully_on_sigterm(
     ok(onward(db_url, "publish", str(greet_file)))
     up = Process(db_url, "up", "--port", "0")
     processes.append(up)
-    found = eventually_sync(
-        lambda: up.proc.poll() is not None or up.find(r"API on (http://\S+)"),
-        timeout=30,
-        what="the API to listen",
-    )
-    assert up.proc.poll() is None, "".join(up.lines)
-    assert isinstance(found, re.Match)
-    url = found.group(1)
-    with httpx.Client(base_url=url, timeout=10) as client:
-        reply = client.post("/v1/hooks/greet", json={"name": "Maya"}, headers={"X-Event-Id": "e"})
-        assert reply.status_code == 202
-        run_id = reply.json()["run_id"]
-        eventually_sync(
-            lambda: client.get(f"/v1/runs/{run_id}").json()["run"]["status"] == "completed",
-            timeout=30,
-            what="the run to complete",
-        )
+    deliver_and_complete(up.api_url(), "greet", {"name": "Maya"}, {"X-Event-Id": "e"})
     assert up.stop() == 0, "".join(up.lines)
     assert up.find(r"SIGTERM: shutting down gracefully") and up.find(r"onward\.cli: stopped")
     assert not up.find("Traceback")
@@ -303,3 +320,78 @@ def test_worker_runs_steps_and_stops_gracefully_on_sigterm(
     assert worker.find(r"worker, relay, sweeper running")
     assert worker.find(r"SIGTERM: shutting down gracefully")
     assert not worker.find("Traceback")
+
+
+def count_runs(sql: psycopg.Connection[dict[str, Any]]) -> int:
+    row = sql.execute("SELECT count(*) AS n FROM runs").fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--event-id", "e" * 257], "--event-id: String should have at most 256 characters"),
+        (["--key", "k" * 513], "--key: String should have at most 512 characters"),
+        (["--event-id", "evt_\udcff"], "--event-id: not valid UTF-8 text"),
+    ],
+)
+def test_start_caps_ids_as_the_api_does(
+    db_url: str,
+    greet_file: Path,
+    sql: psycopg.Connection[dict[str, Any]],
+    args: list[str],
+    message: str,
+) -> None:
+    ok(onward(db_url, "publish", str(greet_file)))
+    result = onward(db_url, "start", "greet", *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"onward: {message}\n"
+    assert count_runs(sql) == 0
+    ok(onward(db_url, "start", "greet", "--event-id", "e" * 256))  # the limit itself is fine
+    assert count_runs(sql) == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ("[" * 50_000, "--payload: nested deeper than"),
+        ('{"a": "x\\u0000y"}', "--payload: $.a: \\u0000 (NUL) cannot be stored"),
+        ('{"a": ["\\ud800"]}', "--payload: $.a[0]: a lone surrogate (\\ud800)"),
+        ('{"a": NaN}', "--payload: $.a: NaN is not a number"),
+        ('{"a": 1e400}', "--payload: $.a: 1e400 is not a number"),
+        ('{"a\\u0000": 1}', "--payload: "),
+    ],
+)
+def test_start_refuses_a_hostile_payload_and_stores_nothing(
+    db_url: str,
+    greet_file: Path,
+    sql: psycopg.Connection[dict[str, Any]],
+    payload: str,
+    message: str,
+) -> None:
+    ok(onward(db_url, "publish", str(greet_file)))
+    result = onward(db_url, "start", "greet", "--payload", payload)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"onward: {message}"), result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert count_runs(sql) == 0
+
+
+def test_start_refuses_a_payload_file_that_is_not_utf8(
+    db_url: str, greet_file: Path, tmp_path: Path, sql: psycopg.Connection[dict[str, Any]]
+) -> None:
+    ok(onward(db_url, "publish", str(greet_file)))
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"name": "Zoë"}'.encode("latin-1"))
+    result = onward(db_url, "start", "greet", "--payload", f"@{latin1}")
+    assert result.returncode == 2
+    assert result.stderr == f"onward: {latin1}: not UTF-8 (invalid byte at offset 12)\n"
+    assert count_runs(sql) == 0
+
+
+def test_chaos_json_prints_only_json_on_stdout(db_url: str) -> None:
+    result = onward(db_url, "chaos", "--runs", "1", "--kills", "0", "--json", timeout=240)
+    report = json.loads(ok(result))  # the whole of stdout is one JSON document
+    assert report["runs"] == 1 and report["started"] == 1
+    assert "onward chaos: 1 runs" in result.stderr  # progress went to stderr

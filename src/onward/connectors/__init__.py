@@ -6,7 +6,26 @@
     result = await connector.perform(effect_key, params)
 
 Failures are raised as :class:`~onward.errors.StepError` subclasses (see :mod:`.classify`).
+
+Your own provider: subclass :class:`Connector` and register it (import the module with
+``onward --app MODULE`` so every process knows it)::
+
+    @register_connector
+    class Announcements(Connector):
+        provider = "announce"
+        supports_idempotency = True  # the provider answers a repeated key with the first result
+
+        async def perform(self, idempotency_key: str, params: dict) -> dict:
+            response = await self.request(
+                "POST", "/messages", json=params, idempotency_key=idempotency_key
+            )
+            return self.json_object(response)
+
+A connection whose ``provider`` is ``"announce"`` then uses it, and a step kind calls it through
+the effect protocol with ``await onward.run_effect(step, connection_id, params)``.
 """
+
+from typing import TypeVar
 
 from onward.connectors.base import Connection, Connector
 from onward.connectors.classify import classify, parse_retry_after
@@ -40,9 +59,17 @@ def get_connector_class(provider: str) -> type[Connector]:
         ) from None
 
 
-def register_connector(cls: type[Connector]) -> type[Connector]:
+C = TypeVar("C", bound=type[Connector])
+
+
+def register_connector(cls: C) -> C:
     """Add (or replace) the connector for ``cls.provider``; usable as a class decorator."""
-    _REGISTRY[cls.provider] = cls
+    if not (isinstance(cls, type) and issubclass(cls, Connector)):
+        raise TypeError(f"register_connector takes a Connector subclass, not {cls!r}")
+    provider = getattr(cls, "provider", None)
+    if not isinstance(provider, str) or not provider:
+        raise TypeError(f"{cls.__name__}.provider must name the provider (a non-empty string)")
+    _REGISTRY[provider] = cls
     return cls
 
 

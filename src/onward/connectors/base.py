@@ -11,6 +11,12 @@ needs (see the "Side effects" section of the design):
 Every failure leaves a connector as a :class:`~onward.errors.StepError` chosen by
 :func:`~onward.connectors.classify.classify`; the class attributes ``supports_idempotency`` and
 ``supports_reconcile`` tell the engine which recovery is safe when the outcome is unknown.
+
+A custom connector is public API: subclass :class:`Connector`, set ``provider`` (the name a
+connection's ``provider`` field uses) and the capability flags, implement :meth:`perform` with
+:meth:`Connector.request` and :meth:`Connector.json_object`, and register it with
+:func:`onward.connectors.register_connector`. A step kind then calls it through the effect
+protocol with :func:`onward.run_effect`.
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ class Connector(abc.ABC):
 
     async def probe(self) -> None:
         """Raise AuthorizationError if the credentials are refused (other errors as classified)."""
-        await self._request("GET", f"/{self.provider}/me")
+        await self.request("GET", f"/{self.provider}/me")
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -108,7 +114,7 @@ class Connector(abc.ABC):
             return path_or_url
         return self.connection.base_url.rstrip("/") + "/" + path_or_url.lstrip("/")
 
-    async def _request(
+    async def request(
         self,
         method: str,
         path_or_url: str,
@@ -119,7 +125,10 @@ class Connector(abc.ABC):
         idempotency_key: str | None = None,
         accept: Container[int] = (),
     ) -> httpx.Response:
-        """Send one authenticated request; a non-2xx status not in ``accept`` raises StepError."""
+        """Send one authenticated request to ``path_or_url`` (relative to the connection's base
+        URL), with the connection's token as a bearer token and ``idempotency_key`` in
+        :attr:`idempotency_header`. A non-2xx status not in ``accept``, or a transport
+        failure, raises the :class:`~onward.errors.StepError` that :func:`classify` chooses."""
         method = method.upper()
         safe = method in _SAFE_METHODS
         all_headers = dict(headers or {})
@@ -142,7 +151,7 @@ class Connector(abc.ABC):
             return response
         raise classify(response, connection=self.connection, safe=safe)
 
-    def _json_object(self, response: httpx.Response) -> dict[str, Any]:
+    def json_object(self, response: httpx.Response) -> dict[str, Any]:
         """The response body as a JSON object.
 
         A 2xx whose body can't be read still means the provider acted: for a write that is an
@@ -162,3 +171,7 @@ class Connector(abc.ABC):
         if response.request.method in _SAFE_METHODS:
             raise RetryableError(message, detail=detail)
         raise OutcomeUnknown(message + "; the work may have happened", detail=detail)
+
+    # The names the built-in connectors use.
+    _request = request
+    _json_object = json_object

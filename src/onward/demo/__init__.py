@@ -5,6 +5,10 @@ the API on a free localhost port, delivers the automation's start webhook twice 
 HTTP with the same event id (the second delivery is answered as a duplicate with the same run
 id), runs the worker, relay and sweeper in this process until the run finishes, and prints the
 run's timeline.
+
+Given ``documents`` (``onward --app MODULE:ATTR demo``: the app's automations), it publishes
+all of them in one transaction instead and runs the first, with ``payload`` as the webhook's
+body (default ``{"name": "Maya"}``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from onward.automations.document import parse_text
+from onward.automations.document import AutomationDoc, parse_text
+from onward.automations.versions import publish_all
 from onward.config import Settings
 from onward.engine import Engine
 from onward.history import render_timeline
@@ -59,6 +64,8 @@ async def run_demo(
     out: Callable[[str], None] = print,
     name: str = "Maya",
     timeout: float = 45.0,
+    documents: list[tuple[str, dict[str, Any] | AutomationDoc]] | None = None,
+    payload: dict[str, Any] | None = None,
 ) -> DemoResult:
     """Run the demo end to end; ``out`` receives each line to show."""
     from onward.api import ApiServer, create_app  # the API is only needed here
@@ -70,11 +77,16 @@ async def run_demo(
         else f"embedded PostgreSQL in {settings.data_dir}"
     )
     out(f"onward demo -- database: {where}, queue: {settings.queue}")
+    builtin = documents is None
+    if documents is None:
+        documents = [(f"onward/demo/{DEMO_FILE}", demo_document())]
+    body = payload if payload is not None else {"name": name}
     async with Engine.open(settings) as engine:
-        document = demo_document()
-        published = await engine.publish(document)
-        state = "new" if published.created else "unchanged"
-        out(f"published {published.automation_id} version {published.version} ({state})")
+        every = await publish_all(engine.pool, engine.org_id, documents, registry=engine.registry)
+        for each in every:
+            state = "new" if each.created else "unchanged"
+            out(f"published {each.automation_id} version {each.version} ({state})")
+        published = every[0]
 
         answers: list[tuple[int, dict[str, Any]]] = []
         api = ApiServer(
@@ -86,9 +98,7 @@ async def run_demo(
             path = f"/v1/hooks/{published.automation_id}"
             async with httpx.AsyncClient(base_url=api.url, timeout=30.0) as client:
                 for delivery in (1, 2):
-                    reply = await client.post(
-                        path, json={"name": name}, headers={"X-Event-Id": event_id}
-                    )
+                    reply = await client.post(path, json=body, headers={"X-Event-Id": event_id})
                     body = reply.json()
                     answers.append((reply.status_code, body))
                     what = "duplicate" if body.get("duplicate") else "created"
@@ -102,7 +112,8 @@ async def run_demo(
             if len(run_ids) != 1:  # pragma: no cover - what R1 forbids
                 raise RuntimeError(f"two deliveries of one event started {len(run_ids)} runs")
             run_id = run_ids.pop()
-            out(f"running {run_id} (a 2 s durable timer, then a loop that runs twice) ...")
+            how = " (a 2 s durable timer, then a loop that runs twice)" if builtin else ""
+            out(f"running {run_id}{how} ...")
             status = await engine.wait(run_id, timeout=timeout)
         view = await engine.show(run_id)
     seconds = time.monotonic() - began
