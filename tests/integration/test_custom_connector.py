@@ -1,0 +1,93 @@
+"""A custom connector, end to end: the README's ``announce_app.py`` (a ``Connector`` subclass
+registered under its own provider, and a step kind that calls it with ``onward.run_effect``),
+loaded by ``onward --app announce_app:flows up``, connected over the API to the sandbox's mail
+provider, which drops the connection after its first send. The effect protocol repeats the
+call with the same key; the provider's ledger shows exactly one message, carrying the effect
+key as its idempotency key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from onward.sandbox import SandboxServer
+from tests.integration.test_cli import (  # noqa: F401  (processes_fixture: a fixture)
+    Process,
+    deliver_and_complete,
+    processes_fixture,
+)
+from tests.integration.test_readme_examples import readme_files, readme_section
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[SandboxServer]:
+    with SandboxServer() as server:
+        yield server
+
+
+def test_a_custom_connector_runs_once_through_the_effect_protocol(
+    db_url: str,
+    tmp_path: Path,
+    sandbox: SandboxServer,
+    processes: list[Process],
+    sql: psycopg.Connection[dict[str, Any]],
+) -> None:
+    files = readme_files(readme_section("Using it"))
+    (tmp_path / "announce_app.py").write_text(files["announce_app.py"], encoding="utf-8")
+    sandbox.admin.reset()
+    sandbox.admin.faults("email", script=["drop_after_work"])  # sends, then hangs up
+
+    up = Process(db_url, "--app", "announce_app:flows", "up", "--port", "0", cwd=tmp_path)
+    processes.append(up)
+    url = up.api_url()
+    assert up.find(r"published announce version 1  \(announce_app:flows\[0\]\)")
+    connection = {
+        "connection_id": "news",
+        "provider": "announce",
+        "base_url": sandbox.url,
+        "account": "acme",
+        "secret": "acme",
+    }
+    reply = httpx.post(f"{url}/v1/connections", json=connection, timeout=10)
+    assert reply.status_code == 201, reply.text
+
+    run_id = deliver_and_complete(url, "announce", {"email": "maya@example.test"})
+    assert up.stop() == 0, "".join(up.lines)
+
+    effects = sql.execute(
+        "SELECT effect_key, provider, status, attempts, result FROM effects WHERE run_id = %s",
+        (run_id,),
+    ).fetchall()
+    assert len(effects) == 1, effects
+    effect = effects[0]
+    assert effect["provider"] == "announce" and effect["status"] == "settled"
+    assert effect["attempts"] == 2  # the dropped call, then the same key again
+    ledger = sandbox.admin.ledger("email")
+    assert [(e["idempotency_key"], e["account"]) for e in ledger] == [
+        (effect["effect_key"], "acme")
+    ]
+    assert ledger[0]["request"]["to"] == "maya@example.test"
+    assert effect["result"]["id"] == ledger[0]["response_id"]  # the first answer, replayed
+    output = sql.execute(
+        "SELECT output FROM steps WHERE run_id = %s AND step_id = 'send'", (run_id,)
+    ).fetchone()
+    assert output is not None and output["output"]["id"] == ledger[0]["response_id"]
+
+
+def test_register_connector_refuses_what_is_not_a_connector() -> None:
+    from onward import Connector, register_connector
+
+    with pytest.raises(TypeError, match="a Connector subclass"):
+        register_connector(dict)
+
+    class Nameless(Connector):
+        async def perform(self, idempotency_key: str, params: dict[str, Any]) -> dict[str, Any]:
+            return {}
+
+    with pytest.raises(TypeError, match=r"Nameless\.provider must name the provider"):
+        register_connector(Nameless)
