@@ -1,6 +1,6 @@
 """Connected accounts (R15) and consent at send time (R14), as step kinds see them.
 
-``Integrations`` is what a step kind reaches through ``step.services``: the connector of a
+``Integrations`` is what a step kind reaches through ``step.integrations``: the connector of a
 connection (one object per connected account, sharing one HTTP client), the effect store, and
 the consent check. It owns the ``connections``, ``suppressions`` and ``notifications`` tables.
 
@@ -23,7 +23,7 @@ from onward.connectors import Connection, Connector, get_connector_class
 from onward.db import Pool
 from onward.db.sql import Queries
 from onward.effects import Effects
-from onward.errors import AuthorizationError, PermanentError, StepError
+from onward.errors import AuthorizationError, PermanentError, StepError, UnknownConnection
 
 Q = Queries(__package__, "connections.sql")
 
@@ -89,6 +89,9 @@ class Integrations:
         row = await self._one(Q.get, {"org_id": org_id, "connection_id": connection_id})
         if row is None:
             raise PermanentError(f"no connection {connection_id!r} in organisation {org_id!r}")
+        return self._connector(connection_id, row)
+
+    def _connector(self, connection_id: str, row: dict[str, Any]) -> Connector:
         if row["status"] == "broken":
             raise AuthorizationError(
                 f"reconnect the {row['provider']} account {row['account']}: "
@@ -98,7 +101,11 @@ class Integrations:
         conn = Connection(
             connection_id, row["provider"], row["base_url"], row["account"], row["secret"]
         )
-        return get_connector_class(conn.provider)(conn, client=self.client, timeout=self.timeout)
+        try:
+            connector_class = get_connector_class(conn.provider)
+        except KeyError as exc:  # stored by a process that registered a connector this one lacks
+            raise PermanentError(str(exc).strip("'\"")) from None
+        return connector_class(conn, client=self.client, timeout=self.timeout)
 
     async def mark_broken(self, org_id: str, connection_id: str, reason: str) -> None:
         row = await self._one(
@@ -108,17 +115,25 @@ class Integrations:
             await self.notify(row["subject"], {"connection_id": connection_id, "reason": reason})
 
     async def restore(self, org_id: str, connection_id: str) -> list[dict[str, Any]]:
-        """Mark usable and resume every run parked on it; returns the resumed (run_id, seq)."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(Q.restore, {"org_id": org_id, "connection_id": connection_id})
+        """Mark usable and resume every run parked on it; returns the resumed (run_id, seq).
+        ``UnknownConnection`` if there is no such connection (nothing is changed)."""
+        args = {"org_id": org_id, "connection_id": connection_id}
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(Q.get, args)
+            if await cur.fetchone() is None:
+                raise UnknownConnection(org_id, connection_id)
+            cur = await conn.execute(Q.restore, args)
             return list(await cur.fetchall())
 
     async def probe(self, org_id: str, connection_id: str) -> str | None:
         """Check a connection ahead of time. Returns None when healthy, else the reason (and
-        marks it broken, so the customer is told before a run needs it)."""
+        marks it broken, so the customer is told before a run needs it).
+        ``UnknownConnection`` if there is no such connection."""
+        row = await self._one(Q.get, {"org_id": org_id, "connection_id": connection_id})
+        if row is None:
+            raise UnknownConnection(org_id, connection_id)
         try:
-            connector = await self.connector(org_id, connection_id)
-            await connector.probe()
+            await self._connector(connection_id, row).probe()
         except AuthorizationError as exc:
             await self.mark_broken(org_id, connection_id, str(exc))
             return str(exc)

@@ -132,7 +132,7 @@ class _Walk:
                 raise _Problem(f"an integer with more than {MAX_INT_DIGITS} digits")
         elif isinstance(value, float):
             self.spend(1)
-            if not math.isfinite(value):
+            if not self.loose and not math.isfinite(value):
                 raise _Problem(f"{value!r} is not a number JSON or PostgreSQL can store")
         elif isinstance(value, _Unstorable):
             raise _Problem(f"{value.text} is not a number JSON or PostgreSQL can store")
@@ -185,8 +185,9 @@ def check_storable(
 
     ``what`` names the value in the message (``"the payload"``). ``max_bytes``: refuse a value
     whose JSON would be larger (a lower bound, counted as the walk goes, so an alias bomb stops
-    early). ``loose``: leaves and keys of other types (a YAML date, an integer key) are left to
-    the caller's own validation; strings, numbers, depth and size are still checked."""
+    early). ``loose``: check only what hurts on the way in -- depth, size, strings PostgreSQL
+    cannot store, integers too long to serialise -- and leave other leaves (a YAML date, a
+    non-finite float, an integer key) to the caller's own validation."""
     _Walk(strings=True, loose=loose, max_bytes=max_bytes).check(value, what)
 
 

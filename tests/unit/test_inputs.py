@@ -54,8 +54,8 @@ def test_check_storable_refuses_values_that_are_not_json() -> None:
     cycle["self"] = cycle
     with pytest.raises(InvalidInput, match="nested deeper than 64 levels"):
         check_storable(cycle, "the payload")
-    # loose: other leaves are the caller's business, strings and numbers still are not
-    check_storable({1: datetime.date(2026, 1, 1)}, "doc", loose=True)
+    # loose: other leaves (and non-finite floats) are the caller's business, strings are not
+    check_storable({1: datetime.date(2026, 1, 1), "d": float("inf")}, "doc", loose=True)
     with pytest.raises(InvalidInput, match="NUL"):
         check_storable({1: "\x00"}, "doc", loose=True)
 

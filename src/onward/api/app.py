@@ -18,7 +18,18 @@ duplicate, never as an error (R1). The start key comes from, in this order:
 Answers: ``202 {run_id, created: true, duplicate: false}`` for a new run;
 ``200 {run_id, created: false, duplicate: true}`` for a repeated delivery (same run id);
 ``404`` unknown automation; ``413`` payload over ``ONWARD_MAX_PAYLOAD_BYTES``; ``422`` a body
-that is not a JSON object or an event id longer than 256 characters.
+that is not a JSON object, that PostgreSQL cannot store, or an event id longer than 256
+characters; ``503`` with ``Retry-After`` while the database cannot be reached.
+
+Errors: every error, whatever the status, is one JSON body (``ErrorBody``:
+``{error, detail, problems?}``) -- unknown routes (404), methods (405, with an ``Allow`` header
+naming every method of the path), bodies over the limit (413), invalid input (422), a database
+that cannot be reached (503 with ``Retry-After``), and anything unexpected (500, logged).
+
+A lost database connection (a PostgreSQL restart) is repeated once for reads, starts
+(idempotent by their start key: a repeat of a start that did commit answers as the duplicate it
+is, with the same run id) and publishes (idempotent by digest); other writes answer 503 and are
+safe to send again.
 
 Organisations: every request is served for the organisation :func:`current_org` resolves --
 for now always the engine's (``ONWARD_ORG``); tenancy (an API key naming its organisation)
@@ -28,43 +39,59 @@ replaces that one function.
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import AsyncIterator, Callable
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+import psycopg
+from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from onward.api.models import (
+    MAX_EVENT_ID,
+    NO_NUL,
     AutomationSummary,
+    ConnectionAnswer,
+    ConnectionIn,
     ErrorBody,
     Health,
-    ProblemsBody,
+    ProbeAnswer,
     PublishAnswer,
+    RestoreAnswer,
     RunSummary,
     RunView,
     StartAnswer,
     StartRequest,
+    SuppressionAnswer,
+    SuppressionIn,
 )
-from onward.automations.document import parse_text
-from onward.automations.versions import Published
-from onward.automations.versions import Q as VERSIONS_Q
+from onward.automations.document import ID_PATTERN, AutomationDoc, parse_text
+from onward.automations.versions import Published, list_automations
+from onward.db import RETRY_AFTER_SECONDS, read, write
 from onward.engine import Engine
 from onward.errors import (
     InvalidAutomation,
+    InvalidInput,
     OnwardError,
     PayloadTooLarge,
+    Unavailable,
     UnknownAutomation,
+    UnknownConnection,
     UnknownRun,
 )
+from onward.inputs import check_text, parse_json
 from onward.start import Started, start_key_for
 
-MAX_EVENT_ID = 256
+log = logging.getLogger("onward.api")
+T = TypeVar("T")
+
 EVENT_ID_HEADERS = ("x-event-id", "idempotency-key")
 
 # -- the organisation of a request (the one place tenancy will change) ----------------------
@@ -82,7 +109,9 @@ async def current_org(engine: Annotated[Engine, Depends(get_engine)]) -> str:
 
 @dataclass(frozen=True)
 class Org:
-    """The engine seen from one organisation: what every route works through."""
+    """The engine seen from one organisation: what every route works through. Reads (and the
+    idempotent writes: start, publish) are repeated once after a lost connection; every
+    database call answers ``Unavailable`` (503) while the database cannot be reached."""
 
     engine: Engine
     org_id: str
@@ -93,26 +122,35 @@ class Org:
         if self.org_id != self.engine.org_id:  # pragma: no cover - no tenancy yet
             raise RuntimeError(f"organisation {self.org_id!r} is not served by this engine")
 
-    async def publish(self, document: dict[str, Any]) -> Published:
+    async def read(self, fn: Callable[[], Awaitable[T]]) -> T:
         self._check()
-        return await self.engine.publish(document)
+        return await read(self.engine.pool, fn)
+
+    async def write(self, fn: Callable[[], Awaitable[T]]) -> T:
+        self._check()
+        return await write(self.engine.pool, fn)
+
+    async def publish(self, document: dict[str, Any]) -> Published:
+        return await self.read(lambda: self.engine.publish(document))  # idempotent: digest
 
     async def start(self, automation_id: str, payload: dict[str, Any], **kw: Any) -> Started:
-        self._check()
-        return await self.engine.start(automation_id, payload, **kw)
+        return await self.read(lambda: self.engine.start(automation_id, payload, **kw))
 
     async def show(self, run_id: str) -> dict[str, Any]:
-        self._check()
-        return await self.engine.show(run_id)
+        return await self.read(lambda: self.engine.show(run_id))
 
     async def runs(self, **filters: Any) -> list[dict[str, Any]]:
-        self._check()
-        return await self.engine.runs(**filters)
+        return await self.read(lambda: self.engine.runs(**filters))
 
     async def automations(self) -> list[dict[str, Any]]:
-        async with self.engine.pool.connection() as conn:
-            cur = await conn.execute(VERSIONS_Q.list_automations, {"org_id": self.org_id})
-            return list(await cur.fetchall())
+        return await self.read(lambda: list_automations(self.engine.pool, self.org_id))
+
+    async def ping(self) -> None:
+        async def select_one() -> None:
+            async with self.engine.pool.connection(timeout=5.0) as conn:
+                await conn.execute("SELECT 1")
+
+        await self.read(select_one)
 
 
 async def get_org(
@@ -162,20 +200,61 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
-def _parse_json(raw: bytes, what: str) -> Any:
-    if not raw.strip():
-        return {}
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise HTTPException(422, f"{what} is not valid JSON: {exc}") from None
+class CatchAll:
+    """The last line: an exception no handler took is logged and answered as a JSON 500."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
+            if started:  # too late for an answer of our own
+                raise
+            detail = "an internal error; it was logged and nothing more can be said here"
+            await _error(500, "internal", detail)(scope, receive, send)
 
 
-def event_id_of(request: Request, body: dict[str, Any]) -> str | None:
-    for header in EVENT_ID_HEADERS:
-        header_value = request.headers.get(header, "").strip()
-        if header_value:
-            return _checked_event_id(header_value, header)
+class JsonRequest(Request):
+    """A request whose JSON body is parsed by ``onward.inputs.parse_json``: what PostgreSQL
+    cannot store (deep nesting, NUL, lone surrogates, NaN, 1e400) is a 422, never a 500."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            try:
+                self._json = parse_json(await self.body(), "body")
+            except InvalidInput as exc:
+                raise Refused(422, "invalid_input", str(exc)) from None
+        return self._json
+
+
+class JsonRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            return await handler(JsonRequest(request.scope, request.receive))
+
+        return route
+
+
+def event_id_of(headers: dict[str, str | None], body: dict[str, Any]) -> str | None:
+    for header, value in headers.items():
+        text = (value or "").strip()
+        if text:
+            return _checked_event_id(text, header)
     field = body.get("event_id")
     if isinstance(field, bool) or not isinstance(field, str | int):
         return None
@@ -185,8 +264,8 @@ def event_id_of(request: Request, body: dict[str, Any]) -> str | None:
 
 def _checked_event_id(value: str, where: str) -> str:
     if len(value) > MAX_EVENT_ID:
-        raise HTTPException(422, f"{where}: an event id has at most {MAX_EVENT_ID} characters")
-    return value
+        raise InvalidInput(f"{where}: an event id has at most {MAX_EVENT_ID} characters")
+    return check_text(value, where)
 
 
 def _answer(started: Started, automation_id: str, payload: Any, **how: Any) -> StartAnswer:
@@ -203,21 +282,50 @@ def _answer(started: Started, automation_id: str, payload: Any, **how: Any) -> S
 # -- errors ----------------------------------------------------------------------------------
 
 
+class Refused(HTTPException):
+    """An HTTP error with its own ``error`` name."""
+
+    def __init__(self, status: int, error: str, detail: str) -> None:
+        super().__init__(status, detail)
+        self.error = error
+
+
 def _error(status: int, error: str, detail: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": error, "detail": detail, **extra}, status_code=status)
+    body = ErrorBody(error=error, detail=detail, **extra)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status)
+
+
+def _unavailable(detail: str, retry_after: float) -> JSONResponse:
+    response = _error(503, "unavailable", detail)
+    response.headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    return response
 
 
 ERRORS: dict[type[OnwardError], tuple[int, str]] = {
     UnknownRun: (404, "unknown_run"),
     UnknownAutomation: (404, "unknown_automation"),
+    UnknownConnection: (404, "unknown_connection"),
     PayloadTooLarge: (413, "payload_too_large"),
+    InvalidInput: (422, "invalid_input"),
 }
 HTTP_ERRORS = {
+    400: "bad_request",
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
-    422: "invalid",
+    422: "invalid_request",
 }
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    order = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+    return ", ".join(sorted(methods, key=lambda m: (order.index(m) if m in order else 99, m)))
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -230,17 +338,31 @@ def _install_error_handlers(app: FastAPI) -> None:
             problems=exc.problems,
         )
 
+    @app.exception_handler(Unavailable)
+    async def unavailable(request: Request, exc: Unavailable) -> JSONResponse:
+        return _unavailable(str(exc), exc.retry_after)
+
+    @app.exception_handler(psycopg.OperationalError)
+    async def database_error(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
+        # a lost connection outside the read/write helpers, or a pool timeout
+        log.warning("database error serving %s %s: %s", request.method, request.url.path, exc)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _unavailable(f"the database cannot be reached: {reason}", RETRY_AFTER_SECONDS)
+
     @app.exception_handler(OnwardError)
     async def onward_error(request: Request, exc: OnwardError) -> JSONResponse:
         for cls, (status, name) in ERRORS.items():
             if isinstance(exc, cls):
                 return _error(status, name, str(exc))
-        return _error(500, type(exc).__name__, str(exc))
+        raise exc  # not the caller's fault: CatchAll logs it and answers 500
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        response = _error(exc.status_code, HTTP_ERRORS.get(exc.status_code, "error"), exc.detail)
+        name = getattr(exc, "error", None) or HTTP_ERRORS.get(exc.status_code, "error")
+        response = _error(exc.status_code, name, str(exc.detail))
         response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            response.headers["Allow"] = allowed_methods(request)
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -249,15 +371,63 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(422, "invalid_request", "; ".join(problems), problems=problems)
 
 
-NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody}}
-TOO_LARGE: dict[int | str, dict[str, Any]] = {413: {"model": ErrorBody}}
-INVALID: dict[int | str, dict[str, Any]] = {422: {"model": ErrorBody}}
-JSON_OBJECT_BODY = {
-    "requestBody": {
-        "required": False,
-        "content": {"application/json": {"schema": {"type": "object"}}},
+ERROR_DESCRIPTIONS = {
+    404: "No such resource",
+    413: "The body is larger than the limit; nothing was stored",
+    422: "The request cannot be accepted as sent; nothing was stored",
+    500: "An internal error (logged)",
+    503: "The database cannot be reached; nothing was changed. Try again later",
+}
+RETRY_AFTER_HEADER = {
+    "Retry-After": {
+        "description": "seconds to wait before trying again",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1},
     }
 }
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses: each status answers ``ErrorBody`` (503 with ``Retry-After``)."""
+    answer: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        answer[status] = {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[status]}
+        if status == 503:
+            answer[status]["headers"] = RETRY_AFTER_HEADER
+    return answer
+
+
+# What any route can answer: a body over the limit, invalid input, an internal error, a
+# database that cannot be reached.
+COMMON_ERRORS = _errors(413, 422, 500, 503)
+NOT_FOUND = _errors(404)
+
+NoNulPath = Annotated[str, Path(pattern=NO_NUL, max_length=256)]
+AutomationIdPath = Annotated[str, Path(pattern=ID_PATTERN)]
+ConnectionIdPath = Annotated[str, Path(pattern=ID_PATTERN)]
+EventIdHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Event-Id",
+        pattern=NO_NUL,
+        max_length=MAX_EVENT_ID,
+        description="the provider's event id: the start key",
+    ),
+]
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=NO_NUL,
+        max_length=MAX_EVENT_ID,
+        description="the same, by the usual HTTP name (X-Event-Id wins)",
+    ),
+]
+
+
+def _request_body(content: dict[str, Any], *, required: bool) -> dict[str, Any]:
+    return {"requestBody": {"required": required, "content": content}}
+
 
 # -- the application -------------------------------------------------------------------------
 
@@ -269,24 +439,25 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         version="0.1.0",
         summary="A durable workflow engine: start runs by webhook, publish automations, "
         "inspect runs.",
+        description="Every error answers one JSON body, `ErrorBody`. Text that PostgreSQL "
+        "cannot store (`\\u0000`, lone surrogates), `NaN`, numbers beyond a double and JSON "
+        "nested deeper than 64 levels are refused with 422; nothing is stored. While the "
+        "database cannot be reached every route answers 503 with `Retry-After`.",
         lifespan=lifespan,
+        responses=COMMON_ERRORS,
+        redirect_slashes=False,
     )
+    app.router.route_class = JsonRoute
     if engine is not None:
         app.state.engine = engine
     app.add_middleware(BodyLimit, limit=lambda: body_limit(app.state.engine))
+    app.add_middleware(CatchAll)
     _install_error_handlers(app)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
-    async def healthz(org: OrgDep, response: Response) -> Health:
-        """The process is up and reaches its database."""
-        try:
-            async with org.engine.pool.connection(timeout=5.0) as conn:
-                await conn.execute("SELECT 1")
-        except Exception as exc:
-            response.status_code = 503
-            return Health(
-                ok=False, database=f"unreachable: {type(exc).__name__}", org_id=org.org_id
-            )
+    async def healthz(org: OrgDep) -> Health:
+        """The process is up and reaches its database (503 with ``Retry-After`` if not)."""
+        await org.ping()
         return Health(ok=True, database="ok", org_id=org.org_id)
 
     # -- automations ---------------------------------------------------------------------
@@ -296,33 +467,32 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         response_model=PublishAnswer,
         status_code=201,
         tags=["automations"],
-        responses={
-            200: {"model": PublishAnswer, "description": "Identical content: unchanged"},
-            422: {"model": ProblemsBody, "description": "Invalid: nothing was stored"},
-        },
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"type": "object"}},
-                    "application/yaml": {"schema": {"type": "string"}},
+        responses={200: {"model": PublishAnswer, "description": "Identical content: unchanged"}},
+        openapi_extra=_request_body(
+            {
+                "application/json": {"schema": {"$ref": "#/components/schemas/AutomationDoc"}},
+                "application/yaml": {
+                    "schema": {"type": "string", "description": "the same document as YAML"}
                 },
-            }
-        },
+            },
+            required=True,
+        ),
     )
     async def publish_automation(request: Request, org: OrgDep, response: Response) -> Any:
         """Publish an automation document (JSON, or YAML with a ``yaml`` content type).
 
         201: a new immutable version. 200: identical content is already published (unchanged).
-        422: the document is invalid; every problem is listed and nothing is stored."""
+        422: the document is invalid -- its shape (the schema), or its graph (an unknown step
+        kind, a transition to no step, bad CEL, an unreachable step: checks no schema can
+        express); every problem is listed and nothing is stored."""
         raw = await request.body()
         if "yaml" in request.headers.get("content-type", ""):
-            document: Any = parse_text(raw.decode("utf-8", "replace"), source="body")
+            document: Any = parse_text(raw, source="body")
         else:
             try:
-                document = json.loads(raw) if raw.strip() else None
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise InvalidAutomation([f"body: not valid JSON: {exc}"]) from None
+                document = parse_json(raw, "body") if raw.strip() else None
+            except InvalidInput as exc:
+                raise InvalidAutomation([str(exc)]) from None
         if not isinstance(document, dict):
             raise InvalidAutomation(["body: the document must be a JSON object with id and steps"])
         published = await org.publish(document)
@@ -336,7 +506,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         )
 
     @app.get("/v1/automations", response_model=list[AutomationSummary], tags=["automations"])
-    async def list_automations(org: OrgDep) -> Any:
+    async def list_published(org: OrgDep) -> Any:
         """Every published automation with its latest version."""
         return await org.automations()
 
@@ -350,21 +520,31 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         responses={
             200: {"model": StartAnswer, "description": "A duplicate delivery: the same run"},
             **NOT_FOUND,
-            **TOO_LARGE,
-            **INVALID,
         },
-        openapi_extra=JSON_OBJECT_BODY,
+        openapi_extra=_request_body(
+            {"application/json": {"schema": {"type": "object", "description": "the run's input"}}},
+            required=False,
+        ),
     )
-    async def webhook(automation_id: str, request: Request, org: OrgDep, response: Response) -> Any:
+    async def webhook(
+        automation_id: AutomationIdPath,
+        request: Request,
+        org: OrgDep,
+        response: Response,
+        x_event_id: EventIdHeader = None,
+        idempotency_key: IdempotencyKeyHeader = None,
+    ) -> Any:
         """Start a run from a webhook delivery; the JSON body is the run's input.
 
         Start key: header ``X-Event-Id``, else header ``Idempotency-Key``, else the body's
         ``event_id`` field, else a hash of the body (weaker: identical payloads collapse).
         202 for a new run, 200 with ``duplicate: true`` and the same run id for a repeat."""
-        payload = _parse_json(await request.body(), "the body")
+        raw = await request.body()
+        payload = parse_json(raw, "body") if raw.strip() else {}
         if not isinstance(payload, dict):
-            raise HTTPException(422, "the body must be a JSON object (the run's input)")
-        event_id = event_id_of(request, payload)
+            raise InvalidInput("body: must be a JSON object (the run's input)")
+        headers = {"X-Event-Id": x_event_id, "Idempotency-Key": idempotency_key}
+        event_id = event_id_of(headers, payload)
         started = await org.start(automation_id, payload, event_id=event_id)
         if not started.created:
             response.status_code = 200
@@ -378,8 +558,6 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         responses={
             200: {"model": StartAnswer, "description": "A duplicate start: the same run"},
             **NOT_FOUND,
-            **TOO_LARGE,
-            **INVALID,
         },
     )
     async def start(body: StartRequest, org: OrgDep, response: Response) -> Any:
@@ -404,24 +582,35 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     @app.get("/v1/runs", response_model=list[RunSummary], tags=["runs"])
     async def list_runs(
         org: OrgDep,
-        status: Annotated[str | None, Query(description="e.g. active, waiting, completed")] = None,
-        automation: Annotated[str | None, Query(description="an automation id")] = None,
+        status: Annotated[
+            str | None,
+            Query(pattern=NO_NUL, max_length=64, description="e.g. active, waiting, completed"),
+        ] = None,
+        automation: Annotated[
+            str | None, Query(pattern=NO_NUL, max_length=256, description="an automation id")
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     ) -> Any:
         """Newest runs first."""
         return await org.runs(status=status, automation_id=automation, limit=limit)
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, tags=["runs"], responses=NOT_FOUND)
-    async def show_run(run_id: str, org: OrgDep) -> Any:
+    async def show_run(run_id: NoNulPath, org: OrgDep) -> Any:
         """One run on one screen: the run, its steps and its ordered history (R17)."""
         return await org.show(run_id)
 
     # -- connections and consent (R14, R15) ---------------------------------------------------
 
-    @app.post("/v1/connections", status_code=201, tags=["connections"])
-    async def add_connection(body: ConnectionIn, org: OrgDep) -> dict[str, Any]:
+    @app.post(
+        "/v1/connections",
+        response_model=ConnectionAnswer,
+        status_code=201,
+        tags=["connections"],
+    )
+    async def add_connection(body: ConnectionIn, org: OrgDep) -> Any:
         """Connect an account (or replace its credentials). The secret is never returned."""
-        try:
+
+        async def add() -> None:
             await org.engine.integrations.add_connection(
                 org.org_id,
                 body.connection_id,
@@ -430,43 +619,71 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
                 account=body.account,
                 secret=body.secret,
             )
-        except KeyError as exc:
-            raise HTTPException(422, str(exc).strip("'\"")) from None
-        return {"connection_id": body.connection_id, "provider": body.provider}
 
-    @app.post("/v1/connections/{connection_id}/restore", tags=["connections"])
-    async def restore_connection(connection_id: str, org: OrgDep) -> dict[str, Any]:
+        try:
+            await org.write(add)
+        except KeyError as exc:  # a provider no connector serves
+            raise InvalidInput(f"provider: {str(exc).strip(chr(39) + chr(34))}") from None
+        return ConnectionAnswer(connection_id=body.connection_id, provider=body.provider)
+
+    @app.post(
+        "/v1/connections/{connection_id}/restore",
+        response_model=RestoreAnswer,
+        tags=["connections"],
+        responses=NOT_FOUND,
+    )
+    async def restore_connection(connection_id: ConnectionIdPath, org: OrgDep) -> Any:
         """The account was reconnected: every run parked on it resumes from the same step."""
-        resumed = await org.engine.integrations.restore(org.org_id, connection_id)
-        return {"connection_id": connection_id, "resumed": [r["run_id"] for r in resumed]}
+        resumed = await org.write(
+            lambda: org.engine.integrations.restore(org.org_id, connection_id)
+        )
+        return RestoreAnswer(connection_id=connection_id, resumed=[r["run_id"] for r in resumed])
 
-    @app.post("/v1/connections/{connection_id}/probe", tags=["connections"])
-    async def probe_connection(connection_id: str, org: OrgDep) -> dict[str, Any]:
+    @app.post(
+        "/v1/connections/{connection_id}/probe",
+        response_model=ProbeAnswer,
+        tags=["connections"],
+        responses=NOT_FOUND,
+    )
+    async def probe_connection(connection_id: ConnectionIdPath, org: OrgDep) -> Any:
         """Check the connection ahead of time; a refused one is marked broken."""
-        problem = await org.engine.integrations.probe(org.org_id, connection_id)
-        return {"connection_id": connection_id, "healthy": problem is None, "problem": problem}
+        problem = await org.write(lambda: org.engine.integrations.probe(org.org_id, connection_id))
+        return ProbeAnswer(connection_id=connection_id, healthy=problem is None, problem=problem)
 
-    @app.post("/v1/suppressions", status_code=201, tags=["consent"])
-    async def suppress(body: SuppressionIn, org: OrgDep) -> dict[str, Any]:
+    @app.post(
+        "/v1/suppressions",
+        response_model=SuppressionAnswer,
+        status_code=201,
+        tags=["consent"],
+    )
+    async def suppress(body: SuppressionIn, org: OrgDep) -> Any:
         """Never contact this person on this channel again (checked at send time)."""
-        await org.engine.integrations.suppress(org.org_id, body.contact, body.reason, body.channel)
-        return {"contact": body.contact.lower(), "channel": body.channel}
+        await org.write(
+            lambda: org.engine.integrations.suppress(
+                org.org_id, body.contact, body.reason, body.channel
+            )
+        )
+        return SuppressionAnswer(contact=body.contact.lower(), channel=body.channel)
 
+    _document_automation_schema(app)
     return app
 
 
-class ConnectionIn(BaseModel):
-    connection_id: str = Field(min_length=1, max_length=128)
-    provider: str
-    base_url: str
-    account: str
-    secret: str = Field(repr=False)
+def _document_automation_schema(app: FastAPI) -> None:
+    """Put the automation document's JSON schema among the components, for the publish route."""
+    build = app.openapi
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            defs = AutomationDoc.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(defs.pop("$defs", {}))
+            components["AutomationDoc"] = defs
+            app.openapi_schema = schema
+        return app.openapi_schema
 
-class SuppressionIn(BaseModel):
-    contact: str = Field(min_length=1, max_length=320)
-    reason: str = Field(min_length=1, max_length=500)
-    channel: str = "email"
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 # -- a uvicorn factory -------------------------------------------------------------------------

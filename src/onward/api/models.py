@@ -8,24 +8,37 @@ datetimes as ISO 8601 strings, JSON documents (input, context, outputs) as they 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from onward.automations.document import ID_PATTERN
+
+MAX_EVENT_ID = 256
+"""The longest event id (header, body field or ``--event-id``)."""
+MAX_VERSION = 2**31 - 1
 
 # -- errors --------------------------------------------------------------------------------
 
+NO_NUL = r"^[^\x00]*$"
+"""Text stored as PostgreSQL ``text`` or ``jsonb`` cannot hold ``\\u0000`` (NUL)."""
+
+Text = Annotated[str, Field(pattern=NO_NUL)]
+
 
 class ErrorBody(BaseModel):
-    """Every error answer: a one-line ``detail`` and a machine-readable ``error`` name."""
+    """Every error answer, whatever the status (4xx, 5xx): a machine-readable ``error`` name,
+    a one-line ``detail``, and for an invalid document or request every ``problems`` found."""
 
-    error: str = Field(description="what went wrong, e.g. unknown_run, payload_too_large")
-    detail: str
-
-
-class ProblemsBody(ErrorBody):
-    """An invalid automation: every problem found, so it can be fixed in one pass."""
-
-    problems: list[str]
+    error: str = Field(
+        description="what went wrong: unknown_run, unknown_automation, unknown_connection, "
+        "not_found, method_not_allowed, payload_too_large, invalid_input, invalid_request, "
+        "invalid_automation, unavailable, internal"
+    )
+    detail: str = Field(description="one line for a person")
+    problems: list[str] | None = Field(
+        default=None, description="every problem found (invalid documents and requests)"
+    )
 
 
 # -- automations ---------------------------------------------------------------------------
@@ -51,18 +64,20 @@ class StartRequest(BaseModel):
     """Start a run with explicit fields (``POST /v1/runs``)."""
 
     model_config = ConfigDict(extra="forbid")
-    automation_id: str
+    automation_id: str = Field(pattern=ID_PATTERN, description="a published automation")
     input: dict[str, Any] = Field(default_factory=dict, description="the run's input")
-    event_id: str | None = Field(
+    event_id: Text | None = Field(
         default=None,
-        max_length=256,
+        max_length=MAX_EVENT_ID,
         description="the provider's event id: the start key becomes <automation_id>:<event_id>",
     )
-    key: str | None = Field(
+    key: Text | None = Field(
         default=None, max_length=512, description="your own start key (wins over event_id)"
     )
-    version: int | None = Field(default=None, ge=1, description="default: the latest version")
-    contact_id: str | None = None
+    version: int | None = Field(
+        default=None, ge=1, le=MAX_VERSION, description="default: the latest version"
+    )
+    contact_id: Text | None = Field(default=None, max_length=320)
 
 
 class StartAnswer(BaseModel):
@@ -140,3 +155,66 @@ class Health(BaseModel):
     ok: bool
     database: str
     org_id: str
+
+
+# -- connections and consent ---------------------------------------------------------------
+
+URL_PATTERN = r"^https?://[A-Za-z0-9.\-]+(:[0-9]{1,5})?(/[!-~]*)?$"
+"""An http(s) base URL: a host name or address, a port, a path of visible ASCII."""
+
+
+class ConnectionIn(BaseModel):
+    """Connect an account: which provider, where it is, and its credentials."""
+
+    model_config = ConfigDict(extra="forbid")
+    connection_id: str = Field(pattern=ID_PATTERN)
+    provider: str = Field(
+        description="a registered connector (the schema lists the ones this server knows)",
+        json_schema_extra=lambda schema: schema.update(enum=list[JsonValue](_providers())),
+    )
+    base_url: str = Field(pattern=URL_PATTERN, max_length=2048)
+    account: Text = Field(min_length=1, max_length=320)
+    secret: str = Field(
+        pattern=r"^[!-~]+$",
+        max_length=8192,
+        repr=False,
+        description="the token, sent as a bearer token: visible ASCII",
+    )
+
+
+def _providers() -> list[str]:
+    """The providers a connection may name: the connectors registered in this process."""
+    from onward import connectors
+
+    listing = getattr(connectors, "known_providers", None)  # asked of onward.connectors
+    return sorted(listing() if listing is not None else connectors._REGISTRY)
+
+
+class ConnectionAnswer(BaseModel):
+    connection_id: str
+    provider: str
+
+
+class RestoreAnswer(BaseModel):
+    connection_id: str
+    resumed: list[str] = Field(description="runs parked on this connection, resumed")
+
+
+class ProbeAnswer(BaseModel):
+    connection_id: str
+    healthy: bool
+    problem: str | None = Field(default=None, description="why not, when not healthy")
+
+
+class SuppressionIn(BaseModel):
+    """Never contact this person on this channel again."""
+
+    model_config = ConfigDict(extra="forbid")
+    contact: Text = Field(min_length=1, max_length=320)
+    reason: Text = Field(min_length=1, max_length=500)
+    channel: Text = Field(default="email", min_length=1, max_length=64)
+
+
+class SuppressionAnswer(BaseModel):
+    contact: str = Field(description="as stored: lower case")
+    channel: str

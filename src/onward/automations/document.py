@@ -37,7 +37,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from onward.durations import parse_duration
-from onward.errors import InvalidAutomation
+from onward.errors import InvalidAutomation, InvalidInput
+from onward.inputs import MAX_DEPTH, check_storable
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 
@@ -105,28 +106,59 @@ class AutomationDoc(BaseModel):
         return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def parse_text(text: str, *, source: str = "<document>") -> dict[str, Any]:
-    """YAML (a superset of JSON) text to a mapping, with a clear error if it is neither."""
+MAX_DOCUMENT_BYTES = 1024 * 1024
+"""The largest automation document once expanded (YAML aliases repeat a node each time they
+are used: a 571-byte request could otherwise become a 15.8 MB automation)."""
+
+
+def check_document(data: Any, source: str) -> None:
+    """Refuse, before anything else reads it, a loaded document nested deeper than
+    ``inputs.MAX_DEPTH``, larger than ``MAX_DOCUMENT_BYTES`` once its aliases are expanded, or
+    holding text PostgreSQL cannot store (``\\u0000``, a lone surrogate). Numbers are left to
+    validation (a ``.inf`` duration is a problem of its step; elsewhere it is stored as null)."""
+    try:
+        check_storable(data, source, max_bytes=MAX_DOCUMENT_BYTES, loose=True)
+    except InvalidInput as exc:
+        raise InvalidAutomation([str(exc)]) from None
+
+
+def parse_text(text: str | bytes, *, source: str = "<document>") -> dict[str, Any]:
+    """YAML (a superset of JSON) text to a mapping, with a clear error if it is neither, if it
+    is not UTF-8, or if it is nested too deep or too large once expanded."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidAutomation(
+                [f"{source}: not UTF-8 text (invalid byte at offset {exc.start})"]
+            ) from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidAutomation([f"{source}: not valid YAML/JSON: {exc}"]) from exc
+    except RecursionError:
+        raise InvalidAutomation([f"{source}: nested deeper than {MAX_DEPTH} levels"]) from None
+    except (yaml.YAMLError, ValueError, TypeError) as exc:  # ValueError: a date, a long int
+        one_line = " ".join(str(exc).split())
+        raise InvalidAutomation([f"{source}: not valid YAML/JSON: {one_line}"]) from None
     if not isinstance(data, dict):
         raise InvalidAutomation([f"{source}: the document must be a mapping with id and steps"])
+    check_document(data, source)
     return data
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
+    """Read and parse one document file; ``InvalidAutomation`` (one line a problem) for a
+    file that cannot be read, is not UTF-8, is not YAML/JSON, or is too deep or too large."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = p.read_bytes()
     except OSError as exc:
-        raise InvalidAutomation([f"{p}: cannot read: {exc.strerror}"]) from exc
-    return parse_text(text, source=str(p))
+        raise InvalidAutomation([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    return parse_text(raw, source=str(p))
 
 
 def parse_model(data: dict[str, Any]) -> AutomationDoc:
     """Structural validation only (shapes and types); see ``validate`` for the graph checks."""
+    check_document(data, "document")
     try:
         return AutomationDoc.model_validate(data)
     except ValidationError as exc:

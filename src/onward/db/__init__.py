@@ -6,13 +6,18 @@ database abstraction layer, only named SQL files beside the modules that run the
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from onward.config import Settings
+from onward.errors import Unavailable
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 Pool = AsyncConnectionPool[Conn]
@@ -51,3 +56,95 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "o
         name=name,
         open=False,
     )
+
+
+# -- reads that survive a restart, and a database that is down ---------------------------------
+#
+# After a PostgreSQL restart every pooled connection is dead, and the first statement on each
+# fails once (``AdminShutdown``, "server closed the connection unexpectedly"). A read is safe
+# to repeat, so ``read`` repeats it once -- after checking that the database answers a new
+# connection and dropping the other dead idle connections (``pool.check()``), so the repeat
+# does not meet one of them. A write is not repeated blindly: ``write`` turns the error into
+# ``Unavailable`` and the caller decides (every onward write the API offers is idempotent --
+# a start by its start key, a publish by its digest -- so the API repeats those once too).
+#
+# While the database is known to be down, each call first tries one new connection (a few
+# seconds at most) and answers ``Unavailable`` at once if that fails, instead of every caller
+# waiting the pool's full timeout for a connection that will not come.
+
+T = TypeVar("T")
+
+RETRY_AFTER_SECONDS = 2.0
+"""What ``Unavailable.retry_after`` says when the database cannot be reached."""
+PROBE_TIMEOUT_SECONDS = 3
+
+# sqlstate classes of a lost or refused connection: 08 connection exception, 57P admin or
+# crash shutdown, cannot connect now, database dropped, idle session timeout.
+_CONNECTION_STATES = ("08", "57P")
+_down: weakref.WeakKeyDictionary[Pool, float] = weakref.WeakKeyDictionary()
+log = logging.getLogger("onward.db")
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True for an error that says the connection (or the database) is gone, not the query:
+    those are the errors a repeat on another connection can cure."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith(_CONNECTION_STATES)
+
+
+def _unavailable(exc: BaseException) -> Unavailable:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return Unavailable(f"the database cannot be reached: {reason}", retry_after=RETRY_AFTER_SECONDS)
+
+
+async def reachable(pool: Pool) -> None:
+    """Raise ``Unavailable`` unless a new connection to the pool's database opens now."""
+    conninfo = pool.conninfo
+    assert isinstance(conninfo, str), "make_pool builds pools from a URL"
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            conninfo, connect_timeout=PROBE_TIMEOUT_SECONDS, autocommit=True
+        )
+    except psycopg.OperationalError as exc:
+        _down[pool] = time.monotonic()
+        raise _unavailable(exc) from None
+    await conn.close()
+    if _down.pop(pool, None) is not None:
+        log.info("the database answers again")
+
+
+async def _attempt(pool: Pool, fn: Callable[[], Awaitable[T]], *, repeat: bool) -> T:
+    if pool in _down:
+        await reachable(pool)
+    try:
+        return await fn()
+    except psycopg.OperationalError as exc:
+        if not is_connection_error(exc):
+            raise
+        first = exc
+    await reachable(pool)  # Unavailable when the database itself is down
+    await pool.check()  # the other connections that died with the first
+    if not repeat:
+        raise _unavailable(first) from first
+    log.info("repeating a read once after a lost connection: %s", _unavailable(first))
+    try:
+        return await fn()
+    except psycopg.OperationalError as exc:
+        if not is_connection_error(exc):
+            raise
+        _down[pool] = time.monotonic()
+        raise _unavailable(exc) from exc
+
+
+async def read(pool: Pool, fn: Callable[[], Awaitable[T]]) -> T:
+    """``await fn()``, repeated once if the connection it used was lost (a restart). Use for
+    reads and for writes that are idempotent; ``Unavailable`` if the database is down."""
+    return await _attempt(pool, fn, repeat=True)
+
+
+async def write(pool: Pool, fn: Callable[[], Awaitable[T]]) -> T:
+    """``await fn()``, never repeated: a lost connection becomes ``Unavailable`` (whether the
+    write was applied is unknown; repeat it only if it is idempotent)."""
+    return await _attempt(pool, fn, repeat=False)
