@@ -395,3 +395,36 @@ def test_chaos_json_prints_only_json_on_stdout(db_url: str) -> None:
     report = json.loads(ok(result))  # the whole of stdout is one JSON document
     assert report["runs"] == 1 and report["started"] == 1
     assert "onward chaos: 1 runs" in result.stderr  # progress went to stderr
+
+
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+    for p, n in zip("abcdefg", "bcdefgh", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("latin1.yaml", "id: café\nsteps: []\n".encode("latin-1")),
+        ("deep.yaml", ("[" * 20_000 + "]" * 20_000).encode()),
+        ("deep.json", ('{"id": "x", "steps": ' + "[" * 20_000 + "]" * 20_000 + "}").encode()),
+        ("bomb.yaml", ALIAS_BOMB.encode()),
+        ("nul.json", b'{"id": "x\\u0000", "steps": []}'),
+    ],
+)
+def test_publish_a_hostile_file_is_one_line_and_stores_nothing(
+    db_url: str,
+    tmp_path: Path,
+    sql: psycopg.Connection[dict[str, Any]],
+    name: str,
+    content: bytes,
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    result = onward(db_url, "publish", str(path))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"onward: invalid automation: {path}: "), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert sql.execute("SELECT count(*) AS n FROM automation_versions").fetchone() == {"n": 0}
