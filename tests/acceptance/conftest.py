@@ -1,7 +1,8 @@
-"""Acceptance fixtures: real worker processes (``procs.py``) against the test's database.
+"""Acceptance fixtures: real onward processes (``python -m onward.testing.worker``, see
+``procs.py``) against the test's database.
 
 Every process a test starts is reaped at teardown (SIGKILL by its own pid if still running),
-and its log is printed when the test fails, so a failure shows what the process did."""
+and its log is printed then: pytest shows it when the test failed."""
 
 from __future__ import annotations
 
@@ -11,36 +12,29 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.procs import WorkerProcess, register_kinds, spawn_worker
+from onward.testing import Process, Processes
+from onward.testing.kinds import register_kinds
+from tests.acceptance.procs import spawn_worker
 
-# the in-test workers must know the kinds the processes run
-register_kinds()
+register_kinds()  # the in-test workers must know the kinds the processes run
 
-Spawn = Callable[..., WorkerProcess]
+Spawn = Callable[..., Process]
 
 
 @pytest.fixture
-def spawn(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Spawn]:
-    started: list[WorkerProcess] = []
-
-    def _spawn(worker_id: str, **options: Any) -> WorkerProcess:
-        wp = spawn_worker(db_url, worker_id, log_dir=tmp_path, **options)
-        started.append(wp)
-        return wp
-
-    yield _spawn
-    for wp in started:
-        wp.close()
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        for wp in started:
-            print(f"--- log of worker process {wp.worker_id} (pid {wp.pid}) ---")
-            print(wp.log_text())
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    with Processes(tmp_path / "logs") as group:
+        yield group
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    rep = yield
-    if rep.when == "call":
-        item.rep_call = rep  # type: ignore[attr-defined]
-    return rep
+@pytest.fixture
+def spawn(db_url: str, processes: Processes) -> Spawn:
+    """``spawn(name, crash_at=, clock_offset=, lease=, grace=, sweeper=, ...)``: a worker
+    process on the test's database (see ``procs.spawn_worker``), reaped at teardown."""
+
+    def _spawn(name: str, **options: Any) -> Process:
+        proc = spawn_worker(db_url, name, log_dir=processes.log_dir, **options)
+        processes.started.append(proc)
+        return proc
+
+    return _spawn

@@ -1,22 +1,18 @@
-"""A real process running only the outbox relay (crash points come from ONWARD_CRASH_AT)."""
+"""A real process running only the outbox relay (crash points come from ONWARD_CRASH_AT):
+``python -m onward.testing.worker worker --no-worker`` on the given database and Redis.
+
+    python tests/acceptance/relay_proc.py DATABASE_URL REDIS_URL QUEUE_PREFIX
+
+Kept for tests/integration/test_wakeups_redis.py, which starts it by this path."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 from onward.config import Settings
-from onward.engine import Engine
-
-
-async def main(url: str, redis_url: str, prefix: str) -> None:
-    settings = Settings(database_url=url, queue="redis", redis_url=redis_url, queue_prefix=prefix)
-    async with (
-        Engine.open(settings, migrate=False) as engine,
-        engine.running(worker=False, sweeper=False) as svc,
-    ):
-        await svc.stop.wait()
-
+from onward.testing.worker import main, settings_to_json
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+    url, redis_url, prefix = sys.argv[1:4]
+    settings = Settings(database_url=url, queue="redis", redis_url=redis_url, queue_prefix=prefix)
+    sys.exit(main(["worker", "--config", settings_to_json(settings), "--no-worker"]))

@@ -2,9 +2,10 @@
 finishes the run without repeating the effect where it can be prevented.
 
 The provider is the sandbox over real HTTP (its own process, so killing a worker cannot take it
-down); its ledger is the record of the work it really did. The worker is
-``effect_worker.py`` with ``ONWARD_CRASH_AT`` in its environment (SIGKILL at that line), or killed
-by the test with SIGKILL while the provider call is open:
+down); its ledger is the record of the work it really did. The worker is a real onward process
+(``python -m onward.testing.worker``, lease 2 s, sweep 0.3 s) with ``ONWARD_CRASH_AT`` in its
+environment (SIGKILL at that line), or killed by the test with SIGKILL while the provider call
+is open:
 
 * before the call (``effect.after_claim``): effect row in_flight, the provider never called;
 * during the call, before the provider acted (sandbox latency; killed once the effect's own
@@ -22,16 +23,9 @@ what is known, and the ledger holds at most one charge.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
 
 import psycopg
 import pytest
@@ -39,90 +33,25 @@ import pytest
 from onward import Automation
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import eventually
+from onward.testing import Process, effect_row, eventually, history, run_row, step_row
+from tests.acceptance.conftest import Spawn
 
 pytestmark = pytest.mark.acceptance
 
-SCRIPT = Path(__file__).resolve().with_name("effect_worker.py")
 ORG = "test"  # the `settings` fixture's organisation: the test's engine starts runs there
 MAYA = "maya@example.test"
 
 
 # -- worker processes ---------------------------------------------------------------------------
-@dataclass
-class EffectWorker:
-    """One ``effect_worker.py`` process. ``close()`` always reaps it (SIGKILL by its own pid)."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    _log: IO[bytes] = field(repr=False)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-
-    def log_text(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        self._log.close()
-
-
-Spawn = Callable[..., EffectWorker]
-
-
 @pytest.fixture
-def spawn(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Spawn]:
-    started: list[EffectWorker] = []
+def effect_worker(spawn: Spawn) -> Spawn:
+    """``effect_worker(name, crash_at=, sweeper=True)``: a worker + relay (+ sweeper) process
+    with a 2 s lease (the effect lease is the same), reaped at teardown."""
 
-    def _spawn(name: str, *, crash_at: str | None = None, sweeper: bool = True) -> EffectWorker:
-        argv = [sys.executable, str(SCRIPT), "--database-url", db_url, "--worker-id", name]
-        if not sweeper:
-            argv.append("--no-sweeper")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("ONWARD_CRASH_AT", None)
-        if crash_at:
-            env["ONWARD_CRASH_AT"] = crash_at
-        log_path = tmp_path / f"effect-worker-{name}.log"
-        log = log_path.open("wb")
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=str(SCRIPT.parents[2]),
-        )
-        worker = EffectWorker(name, proc, log_path, log)
-        started.append(worker)
-        return worker
+    def start(name: str, *, crash_at: str | None = None, sweeper: bool = True) -> Process:
+        return spawn(name, crash_at=crash_at, sweeper=sweeper, lease=2.0, sweep=0.3)
 
-    yield _spawn
-    report = getattr(request.node, "rep_call", None)
-    for worker in started:
-        worker.close()
-        if report is not None and report.failed:
-            print(f"--- log of {worker.name} (pid {worker.proc.pid}) ---")
-            print(worker.log_path.read_text(errors="replace"))
-
-
-async def exited(worker: EffectWorker, timeout: float = 20.0) -> int:
-    async def gone() -> bool:
-        return not worker.alive()
-
-    await eventually(gone, timeout=timeout, what=f"{worker.name} to exit")
-    return worker.proc.returncode
+    return start
 
 
 # -- the provider ------------------------------------------------------------------------------
@@ -136,43 +65,6 @@ def sandbox() -> Iterator[SandboxServer]:
 def admin(sandbox: SandboxServer) -> SandboxAdmin:
     sandbox.admin.reset()
     return sandbox.admin
-
-
-# -- rows --------------------------------------------------------------------------------------
-def effect_row(sql: psycopg.Connection, key: str) -> dict[str, Any] | None:
-    row = sql.execute(
-        "SELECT status, owner_token, attempts, result, last_error, lease_until,"
-        " first_attempt_at FROM effects WHERE org_id = %s AND effect_key = %s",
-        (ORG, key),
-    ).fetchone()
-    return dict(row) if row else None
-
-
-def step_row(sql: psycopg.Connection, run_id: str, seq: int) -> dict[str, Any]:
-    row = sql.execute(
-        "SELECT step_id, status, attempt, owner, wait_kind, output, error FROM steps"
-        " WHERE org_id = %s AND run_id = %s AND seq = %s",
-        (ORG, run_id, seq),
-    ).fetchone()
-    assert row is not None, f"no step {run_id}#{seq}"
-    return dict(row)
-
-
-def run_row(sql: psycopg.Connection, run_id: str) -> dict[str, Any]:
-    row = sql.execute(
-        "SELECT status, status_reason FROM runs WHERE org_id = %s AND run_id = %s", (ORG, run_id)
-    ).fetchone()
-    assert row is not None
-    return dict(row)
-
-
-def events(sql: psycopg.Connection, run_id: str, *names: str) -> list[dict[str, Any]]:
-    rows = sql.execute(
-        "SELECT event, seq, attempt, worker, detail FROM history"
-        " WHERE org_id = %s AND run_id = %s AND event = ANY(%s::text[]) ORDER BY event_id",
-        (ORG, run_id, list(names)),
-    ).fetchall()
-    return [dict(r) for r in rows]
 
 
 async def start_one(
@@ -203,7 +95,7 @@ async def start_one(
 
 
 async def kill_on(
-    worker: EffectWorker, check: Callable[[], bool], what: str, timeout: float = 20.0
+    worker: Process, check: Callable[[], bool], what: str, timeout: float = 20.0
 ) -> None:
     """SIGKILL ``worker`` as soon as ``check()`` holds (polled, the worker must stay alive)."""
 
@@ -236,7 +128,7 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
     sql: psycopg.Connection,
     admin: SandboxAdmin,
     sandbox: SandboxServer,
-    spawn: Spawn,
+    effect_worker: Spawn,
 ) -> None:
     crash_at, attempts = EMAIL_CASES[case]
     if case == "during_call_before_work":
@@ -246,9 +138,9 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
         admin.faults("email", script=["hang_after_work"], hang_s=30)
     run_id, key = await start_one(engine, sandbox, "email", f"evt-{case}")
 
-    a = spawn("proc-a", crash_at=crash_at, sweeper=False)
+    a = effect_worker("proc-a", crash_at=crash_at, sweeper=False)
     if crash_at is not None:
-        assert await exited(a) == -signal.SIGKILL, a.log_text()
+        assert await a.exited() == -signal.SIGKILL, a.log_text()
         assert f"crash point {crash_at} reached" in a.log_text()
     elif case == "during_call_before_work":
         # the effect's own heartbeat has extended its lease: the call has been open for a
@@ -263,12 +155,12 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
             return row is not None
 
         await kill_on(a, call_open, "the effect call to be open")
-        assert await exited(a) == -signal.SIGKILL
+        assert await a.exited() == -signal.SIGKILL
         assert admin.ledger("email") == [], "killed too late: the provider had already acted"
         admin.faults("email")  # back to no latency for everything after the kill
     else:
         await kill_on(a, lambda: len(admin.ledger("email")) == 1, "the provider to act")
-        assert await exited(a) == -signal.SIGKILL
+        assert await a.exited() == -signal.SIGKILL
 
     # the worst line: from the database, "never called" and "done, not recorded" look the same
     left = effect_row(sql, key)
@@ -284,7 +176,7 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
     elif case != "during_call_before_work":
         assert len(admin.ledger("email")) == 1
 
-    b = spawn("proc-b")
+    b = effect_worker("proc-b")
     assert await engine.wait(run_id, timeout=40) == "completed", b.log_text()
 
     [entry] = admin.ledger("email")
@@ -300,14 +192,14 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
     assert (send["status"], send["attempt"]) == ("done", 2), send
     assert send["output"]["message_id"] == entry["response_id"]
     claims = [
-        (e["attempt"], e["worker"]) for e in events(sql, run_id, "step_claimed") if e["seq"] == 1
+        (e["attempt"], e["worker"]) for e in history(sql, run_id, "step_claimed") if e["seq"] == 1
     ]
     assert claims == [(1, "proc-a"), (2, "proc-b")]
-    assert len(events(sql, run_id, "lease_expired")) == 1
-    assert [e["worker"] for e in events(sql, run_id, "step_done") if e["seq"] == 1] == ["proc-b"]
+    assert len(history(sql, run_id, "lease_expired")) == 1
+    assert [e["worker"] for e in history(sql, run_id, "step_done") if e["seq"] == 1] == ["proc-b"]
 
     b.terminate()
-    assert await exited(b) == 0, b.log_text()
+    assert await b.exited() == 0, b.log_text()
     assert len(admin.ledger("email")) == 1  # nothing was still on its way
 
 
@@ -322,18 +214,18 @@ async def test_payment_with_unknown_outcome_parks_for_review_and_never_charges_t
     sql: psycopg.Connection,
     admin: SandboxAdmin,
     sandbox: SandboxServer,
-    spawn: Spawn,
+    effect_worker: Spawn,
 ) -> None:
     run_id, key = await start_one(engine, sandbox, "payment", f"evt-{crash_at}")
 
-    a = spawn("proc-a", crash_at=crash_at, sweeper=False)
-    assert await exited(a) == -signal.SIGKILL, a.log_text()
+    a = effect_worker("proc-a", crash_at=crash_at, sweeper=False)
+    assert await a.exited() == -signal.SIGKILL, a.log_text()
     assert len(admin.ledger("payment")) == charges
     left = effect_row(sql, key)
     assert left is not None and (left["status"], left["attempts"]) == ("in_flight", 1), left
 
     t0 = time.monotonic()
-    b = spawn("proc-b")
+    b = effect_worker("proc-b")
     assert await engine.wait(run_id, timeout=40) == "parked", b.log_text()
     assert time.monotonic() - t0 < 30
 
@@ -352,16 +244,16 @@ async def test_payment_with_unknown_outcome_parks_for_review_and_never_charges_t
     assert effect is not None
     assert (effect["status"], effect["attempts"], effect["result"]) == ("review", 1, None)
     assert effect["lease_until"] is None
-    (parked,) = events(sql, run_id, "step_parked")
+    (parked,) = history(sql, run_id, "step_parked")
     assert (parked["attempt"], parked["worker"]) == (2, "proc-b")
     assert parked["detail"]["detail"]["effect_key"] == key
-    (run_parked,) = events(sql, run_id, "run_parked")
+    (run_parked,) = history(sql, run_id, "run_parked")
     assert key in run_parked["detail"]["reason"]
-    assert events(sql, run_id, "step_done", "run_completed") == []
+    assert history(sql, run_id, "step_done", "run_completed") == []
     assert step_row(sql, run_id, 1)["status"] == "parked"
 
     b.terminate()
-    assert await exited(b) == 0, b.log_text()
+    assert await b.exited() == 0, b.log_text()
     entries = admin.ledger("payment")
     assert len(entries) == charges  # at most one charge, ever
     assert all(e["idempotency_key"] == key for e in entries)
@@ -372,24 +264,24 @@ async def test_an_unsubscribe_after_the_email_went_out_does_not_rewrite_what_hap
     sql: psycopg.Connection,
     admin: SandboxAdmin,
     sandbox: SandboxServer,
-    spawn: Spawn,
+    effect_worker: Spawn,
 ) -> None:
     """The send step's effect is settled (the message is out), then the worker dies before the
     step is; Maya unsubscribes before the step runs again. The replay must record the send
     that happened (the effect's result), not claim the email was skipped for consent."""
     run_id, key = await start_one(engine, sandbox, "email", "evt-sent-then-unsubscribed")
-    a = spawn("proc-a", crash_at="worker.before_settle", sweeper=False)
-    assert await exited(a) == -signal.SIGKILL, a.log_text()
+    a = effect_worker("proc-a", crash_at="worker.before_settle", sweeper=False)
+    assert await a.exited() == -signal.SIGKILL, a.log_text()
     [entry] = admin.ledger("email")
     sent = effect_row(sql, key)
     assert sent is not None and sent["status"] == "settled"
 
     await engine.integrations.suppress(ORG, MAYA, "unsubscribed")
-    b = spawn("proc-b")
+    b = effect_worker("proc-b")
     assert await engine.wait(run_id, timeout=40) == "completed", b.log_text()
 
     assert len(admin.ledger("email")) == 1
     send = step_row(sql, run_id, 1)
     assert (send["status"], send["output"].get("sent")) == ("done", True), send
     assert send["output"]["message_id"] == entry["response_id"]
-    assert events(sql, run_id, "step_skipped") == []
+    assert history(sql, run_id, "step_skipped") == []

@@ -22,9 +22,9 @@ import pytest
 
 from onward import Automation
 from onward.engine import Engine
-from onward.testing import eventually
+from onward.testing import Process, eventually, history, step_row
+from onward.testing.kinds import SLEEP_KIND
 from tests.acceptance.conftest import Spawn
-from tests.acceptance.procs import SLEEP_KIND, WorkerProcess
 
 pytestmark = pytest.mark.acceptance
 
@@ -32,43 +32,19 @@ LEASE = 3.0  # the process's lease (the `settings` fixture uses the same for in-
 HEARTBEAT = 0.5
 
 
-def events(sql: psycopg.Connection, run_id: str, *names: str, seq: int | None = None) -> list[Any]:
-    rows = sql.execute(
-        "SELECT event_id, at, event, seq, step_id, attempt, worker, detail FROM history"
-        " WHERE run_id = %s AND (cardinality(%s::text[]) = 0 OR event = ANY(%s::text[]))"
-        " AND (%s::int IS NULL OR seq = %s::int) ORDER BY event_id",
-        (run_id, list(names), list(names), seq, seq),
-    ).fetchall()
-    return rows
-
-
-def step_row(sql: psycopg.Connection, run_id: str, seq: int) -> dict[str, Any]:
-    row = sql.execute(
-        "SELECT status, attempt, owner, lease_until, lease_until <= now() AS lapsed,"
-        " output FROM steps WHERE run_id = %s AND seq = %s",
-        (run_id, seq),
-    ).fetchone()
-    assert row is not None, f"no step {run_id}#{seq}"
-    return dict(row)
-
-
-async def claimed_by(sql: psycopg.Connection, run_id: str, worker: str, wp: WorkerProcess) -> Any:
+async def claimed_by(sql: psycopg.Connection, run_id: str, worker: str, wp: Process) -> Any:
     async def check() -> Any:
         assert wp.alive(), f"worker process exited early:\n{wp.log_text()}"
-        rows = [e for e in events(sql, run_id, "step_claimed") if e["worker"] == worker]
+        rows = [e for e in history(sql, run_id, "step_claimed") if e["worker"] == worker]
         return rows[0] if rows else None
 
     return await eventually(check, timeout=20, what=f"step claimed by {worker}")
 
 
-async def exits(wp: WorkerProcess, timeout: float) -> float:
+async def exits(wp: Process, timeout: float) -> float:
     """Wait (without blocking the event loop) until the process exits; returns the seconds."""
     t0 = time.monotonic()
-
-    async def gone() -> bool:
-        return not wp.alive()
-
-    await eventually(gone, timeout=timeout, what=f"worker process {wp.worker_id} to exit")
+    await wp.exited(timeout=timeout)
     return time.monotonic() - t0
 
 
@@ -94,44 +70,44 @@ async def test_sigterm_releases_a_long_step_and_another_worker_claims_it_at_once
     wp.terminate()
 
     async def stopping() -> bool:
-        return "stopping on SIGTERM" in wp.log_text()
+        return wp.printed("stopping on SIGTERM")
 
     await eventually(stopping, timeout=5, what="the process to see SIGTERM")
     # work that becomes ready now is not for this process any more: it stopped claiming
     quick = await engine.start("quick", {}, event_id="after-sigterm")
     took = await exits(wp, timeout=grace + 5)
-    assert wp.proc.returncode == 0, wp.log_text()
+    assert wp.returncode == 0, wp.log_text()
     assert took < grace + 3, f"shutdown took {took:.1f}s with a grace of {grace}s"
-    assert events(sql, quick.run_id, "step_claimed") == []
+    assert history(sql, quick.run_id, "step_claimed") == []
 
     # the step was handed back at once: ready, lease ended now, nobody owns it, nothing written
-    (released,) = events(sql, run_id, "step_released")
+    (released,) = history(sql, run_id, "step_released")
     assert (released["seq"], released["attempt"], released["worker"]) == (1, 1, "proc-a")
     row = step_row(sql, run_id, 1)
     assert row["status"] == "ready"
     assert row["owner"] is None and row["attempt"] == 1 and row["output"] is None
     assert row["lapsed"] is True, "released steps must have lease_until <= now()"
-    assert events(sql, run_id, "step_done") == []
+    assert history(sql, run_id, "step_done") == []
 
     # another worker (this process; no sweeper, so only the release can have freed the step)
     async with engine.running(sweeper=False):
 
         async def second_claim() -> Any:
-            rows = [e for e in events(sql, run_id, "step_claimed") if e["attempt"] == 2]
+            rows = [e for e in history(sql, run_id, "step_claimed") if e["attempt"] == 2]
             return rows[0] if rows else None
 
         claim2 = await eventually(second_claim, timeout=10, what="claim of attempt 2")
         assert claim2["worker"] == engine.id
         assert await engine.wait(run_id, timeout=20) == "completed"
         assert await engine.wait(quick.run_id, timeout=20) == "completed"
-    assert [e["worker"] for e in events(sql, quick.run_id, "step_claimed")] == [engine.id]
+    assert [e["worker"] for e in history(sql, quick.run_id, "step_claimed")] == [engine.id]
 
     waited = (claim2["at"] - released["at"]).total_seconds()
     # the old lease ran at least LEASE - HEARTBEAT beyond the release: claiming within that
     # proves nobody waited it out
     assert waited < LEASE - HEARTBEAT - 0.5, f"attempt 2 claimed {waited:.2f}s after the release"
-    assert events(sql, run_id, "lease_expired") == []
-    done = events(sql, run_id, "step_done")
+    assert history(sql, run_id, "lease_expired") == []
+    done = history(sql, run_id, "step_done")
     assert [(e["seq"], e["attempt"], e["worker"]) for e in done] == [(1, 2, engine.id)]
 
 
@@ -147,23 +123,23 @@ async def test_sigterm_lets_a_short_step_finish_within_the_grace_period(
 
     wp.terminate()
     took = await exits(wp, timeout=grace + 5)
-    assert wp.proc.returncode == 0, wp.log_text()
+    assert wp.returncode == 0, wp.log_text()
     assert took < grace + 3
 
     nap = step_row(sql, run_id, 1)
     assert (nap["status"], nap["attempt"]) == ("done", 1), nap
     assert nap["output"]["worker"] == "proc-b"
-    assert events(sql, run_id, "step_released") == []
-    (done,) = events(sql, run_id, "step_done", seq=1)
+    assert history(sql, run_id, "step_released") == []
+    (done,) = history(sql, run_id, "step_done", seq=1)
     assert (done["attempt"], done["worker"]) == (1, "proc-b")
     # a stopping worker does not continue eagerly: the next step waits, unclaimed, for others
     after = step_row(sql, run_id, 2)
     assert (after["status"], after["attempt"], after["owner"]) == ("ready", 0, None), after
-    assert events(sql, run_id, "step_claimed", seq=2) == []
+    assert history(sql, run_id, "step_claimed", seq=2) == []
 
     async with engine.running(sweeper=False):
         assert await engine.wait(run_id, timeout=20) == "completed"
-    claims = events(sql, run_id, "step_claimed", seq=2)
+    claims = history(sql, run_id, "step_claimed", seq=2)
     assert [(e["attempt"], e["worker"]) for e in claims] == [(1, engine.id)]
 
 
@@ -185,14 +161,14 @@ async def test_sigkill_mid_step_is_reclaimed_only_after_the_lease_lapses(
 
     wp.kill()
     await exits(wp, timeout=5)
-    assert wp.proc.returncode == -9
+    assert wp.returncode == -9
 
     # a worker with a sweeper is ready at once; it must still wait for the lease to lapse
     async with engine.running():
         assert await engine.wait(run_id, timeout=20) == "completed"
 
-    (expired,) = events(sql, run_id, "lease_expired")
-    claims = events(sql, run_id, "step_claimed")
+    (expired,) = history(sql, run_id, "lease_expired")
+    claims = history(sql, run_id, "step_claimed")
     assert [(c["attempt"], c["worker"]) for c in claims] == [(1, "proc-c"), (2, engine.id)]
     claim2 = claims[1]
     lease_until = step_lease_until(expired)
@@ -200,10 +176,10 @@ async def test_sigkill_mid_step_is_reclaimed_only_after_the_lease_lapses(
     assert expired["at"] >= lease_until, "rescued before the lease lapsed"
     assert claim2["at"] >= lease_until, "claimed again before the lease lapsed"
     assert claim2["event_id"] > expired["event_id"]
-    assert events(sql, run_id, "step_released") == []
-    done = events(sql, run_id, "step_done", seq=1)
+    assert history(sql, run_id, "step_released") == []
+    done = history(sql, run_id, "step_done", seq=1)
     assert [(d["attempt"], d["worker"]) for d in done] == [(2, engine.id)]
-    assert len(events(sql, run_id, "run_completed")) == 1
+    assert len(history(sql, run_id, "run_completed")) == 1
 
 
 def step_lease_until(expired: dict[str, Any]) -> datetime:

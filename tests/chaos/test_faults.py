@@ -9,7 +9,7 @@
 * every wake delivered twice and out of order: nothing applied twice;
 * two engine bugs the chaos runner found (fixed in 287a168), kept as regression tests.
 
-Worker processes are ``python -m onward.chaos.worker_proc worker`` with a 2 s lease; every one
+Worker processes are ``python -m onward.testing.worker worker`` with a 2 s lease; every one
 a test starts is reaped at teardown, and its log printed when the test fails.
 """
 
@@ -18,17 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psycopg
 import pytest
@@ -37,13 +32,7 @@ from psycopg.rows import dict_row
 from onward import Automation
 from onward.automations.document import StepDef
 from onward.chaos import scenario
-from onward.chaos.faults import (
-    BackendKiller,
-    RedisServer,
-    ThrowawayPostgres,
-    postgres_bin_dir,
-)
-from onward.chaos.worker_proc import settings_to_json
+from onward.chaos.faults import BackendKiller, RedisServer, ThrowawayPostgres
 from onward.config import Settings
 from onward.connectors.base import Connection, Connector
 from onward.db import make_pool
@@ -52,7 +41,15 @@ from onward.effects import Effects
 from onward.engine import Engine
 from onward.kinds import StepContext
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import eventually
+from onward.testing import (
+    Process,
+    Processes,
+    assert_nothing_applied_twice,
+    eventually,
+    history,
+    step_row,
+)
+from onward.testing.worker import worker_stats
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(120)]
 
@@ -95,129 +92,35 @@ def payload(i: int) -> dict[str, Any]:
 
 
 # -- processes ---------------------------------------------------------------------------------
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    _log: IO[bytes] = field(repr=False)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        self.popen.send_signal(sig)
-
-    def log_text(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def close(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGCONT)  # a stopped process cannot die otherwise
-            self.popen.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=10)
-        self._log.close()
-
-
-Spawn = Callable[..., Proc]
+Spawn = Callable[..., Process]
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    """Start worker processes; at teardown reap them and print their logs (pytest shows
-    captured teardown output only when the test failed)."""
-    started: list[Proc] = []
+def spawn(processes: Processes) -> Spawn:
+    """``spawn(settings, name, sweeper=, twice=, app_prefix=)``: a worker process with the
+    fast timings above, reaped at teardown."""
 
-    def _spawn(
-        settings: Settings,
-        name: str,
-        *,
-        sweeper: bool = False,
-        twice: bool = False,
-        app_prefix: str = "",
-        **env: str,
-    ) -> Proc:
-        config = settings_to_json(fast(settings))
-        argv = [sys.executable, "-m", "onward.chaos.worker_proc", "worker"]
-        argv += ["--config", config, "--name", name, "--app-prefix", app_prefix]
-        if sweeper:
-            argv.append("--sweeper")
-        if twice:
-            argv.append("--twice")
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-        full_env.pop("ONWARD_CRASH_AT", None)
-        log_path = tmp_path / f"{name}.log"
-        log = log_path.open("wb")
-        popen = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env
-        )
-        proc = Proc(name, popen, log_path, log)
-        started.append(proc)
-        return proc
+    def _spawn(settings: Settings, name: str, **options: Any) -> Process:
+        return processes.worker(fast(settings), name, **options)
 
-    yield _spawn
-    for proc in started:
-        proc.close()
-        print(f"--- log of {proc.name} (pid {proc.popen.pid}, exit {proc.popen.returncode}) ---")
-        print(proc.log_path.read_text(errors="replace")[-6000:])
+    return _spawn
 
 
-async def ready(*procs: Proc, timeout: float = 30.0) -> None:
-    async def all_ready() -> bool:
-        for p in procs:
-            assert p.alive(), f"{p.name} exited:\n{p.log_text()[-3000:]}"
-        return all("\nready " in "\n" + p.log_text() for p in procs)
-
-    await eventually(all_ready, timeout=timeout, interval=0.1, what="workers ready")
+async def ready(*procs: Process) -> None:
+    for proc in procs:
+        await proc.ready()
 
 
-async def stop(proc: Proc, timeout: float = 20.0) -> int:
+async def stop(proc: Process, timeout: float = 20.0) -> int:
     """SIGTERM (graceful) and wait; returns the exit code."""
-    proc.signal(signal.SIGTERM)
-
-    async def gone() -> bool:
-        return not proc.alive()
-
-    await eventually(gone, timeout=timeout, what=f"{proc.name} to exit")
-    return int(proc.popen.returncode)
+    proc.terminate()
+    return await proc.exited(timeout=timeout)
 
 
-def stats_of(proc: Proc) -> dict[str, int]:
-    for line in proc.log_text().splitlines():
-        if line.startswith("stats "):
-            return dict(json.loads(line[len("stats ") :]))
-    raise AssertionError(f"{proc.name} printed no stats:\n{proc.log_text()[-2000:]}")
-
-
-# -- rows --------------------------------------------------------------------------------------
-def history(sql: Sql, run_id: str, *names: str, seq: int | None = None) -> list[dict[str, Any]]:
-    rows = sql.execute(
-        "SELECT event, seq, attempt, worker, at, detail FROM history WHERE run_id = %s"
-        " AND event = ANY(%s::text[]) AND (%s::int IS NULL OR seq = %s::int) ORDER BY event_id",
-        (run_id, list(names), seq, seq),
-    ).fetchall()
-    return [dict(r) for r in rows]
-
-
-def nothing_applied_twice(sql: Sql) -> None:
-    twice = sql.execute(
-        """SELECT run_id, seq, attempt, event, count(*) AS n FROM history
-           WHERE event IN ('step_claimed', 'step_done', 'timer_fired', 'step_waiting')
-           GROUP BY run_id, seq, attempt, event HAVING count(*) > 1"""
-    ).fetchall()
-    assert twice == []
-    done_twice = sql.execute(
-        "SELECT run_id, seq FROM history WHERE event = 'step_done'"
-        " GROUP BY 1, 2 HAVING count(*) > 1"
-    ).fetchall()
-    assert done_twice == []
-    fired_twice = sql.execute(
-        "SELECT detail->>'timer_id' AS t FROM history WHERE event = 'timer_fired'"
-        " GROUP BY 1 HAVING count(*) > 1"
-    ).fetchall()
-    assert fired_twice == []
+def stats_of(proc: Process) -> dict[str, int]:
+    stats = worker_stats(proc.log_text())
+    assert stats is not None, f"{proc.name} printed no stats:\n{proc.tail(2000)}"
+    return stats
 
 
 async def deliver(engine: Engine, automation: str, data: dict[str, Any], event: str) -> str:
@@ -350,13 +253,11 @@ async def test_a_worker_paused_past_its_lease_is_fenced_when_it_wakes(
         ("step_claimed", 2, "proc-b"),
         ("step_done", 2, "proc-b"),
     ]
-    step = sql.execute(
-        "SELECT status, attempt FROM steps WHERE run_id = %s AND seq = 1", (run_id,)
-    ).fetchone()
-    assert dict(step or {}) == {"status": "done", "attempt": 2}
+    step = step_row(sql, run_id, 1)
+    assert (step["status"], step["attempt"]) == ("done", 2)
     creates = [e for e in admin.ledger("crm") if e["op"] == "contact.create"]
     assert len(creates) == 1
-    nothing_applied_twice(sql)
+    assert_nothing_applied_twice(sql)
 
 
 # -- Redis killed --------------------------------------------------------------------------------
@@ -392,11 +293,10 @@ async def test_with_its_redis_killed_mid_load_every_run_finishes_through_the_swe
     fired = sql.execute("SELECT fired_by, count(*) AS n FROM timers GROUP BY fired_by").fetchall()
     by = {r["fired_by"]: r["n"] for r in fired}
     assert by.get("sweep", 0) >= 10  # the late runs had no queue at all
-    nothing_applied_twice(sql)
+    assert_nothing_applied_twice(sql)
 
 
 # -- PostgreSQL restarted ------------------------------------------------------------------------
-@pytest.mark.skipif(postgres_bin_dir() is None, reason="no PostgreSQL server binaries")
 async def test_postgres_restarted_mid_load_workers_reconnect_and_carry_on(
     settings: Settings, sandbox: SandboxServer, admin: SandboxAdmin, spawn: Spawn
 ) -> None:
@@ -430,7 +330,7 @@ async def test_postgres_restarted_mid_load_workers_reconnect_and_carry_on(
             await all_finished(engine, run_ids + late, timeout=60)
             assert a.alive() and b.alive()
         with psycopg.connect(pg.url, autocommit=True, row_factory=dict_row) as sql:
-            nothing_applied_twice(sql)
+            assert_nothing_applied_twice(sql)
         exactly_one_effect_per_key(admin, run_ids + late)
         for proc in (a, b):
             assert await stop(proc) == 0, proc.log_text()[-3000:]
@@ -487,7 +387,7 @@ async def test_a_provider_hanging_past_the_lease_is_never_called_twice(
         "SELECT status, attempts FROM effects WHERE run_id = %s", (pay_run,)
     ).fetchone()
     assert dict(review or {}) == {"status": "review", "attempts": 1}
-    nothing_applied_twice(sql)
+    assert_nothing_applied_twice(sql)
 
 
 # -- database connections terminated at random ---------------------------------------------------
@@ -517,7 +417,7 @@ async def test_random_database_connection_failures_while_50_runs_flow(
         await all_finished(engine, run_ids, timeout=75)
     assert killer.killed >= 10, killer.killed
     assert all(p.alive() for p in procs)
-    nothing_applied_twice(sql)
+    assert_nothing_applied_twice(sql)
     exactly_one_effect_per_key(admin, run_ids)
 
 
@@ -534,7 +434,7 @@ async def test_every_wake_delivered_twice_and_out_of_order_changes_nothing_twice
     await all_finished(engine, run_ids, timeout=45)
     wakes = sql.execute("SELECT count(*) AS n FROM timers WHERE fired_by = 'wake'").fetchone()
     assert wakes is not None and wakes["n"] > 0  # the doubled, shuffled wakes did the work
-    nothing_applied_twice(sql)
+    assert_nothing_applied_twice(sql)
 
 
 # -- bugs the chaos runner found (fixed in 287a168), as regression tests -------------------------

@@ -4,7 +4,8 @@
 :mod:`onward.chaos.faults` holds the other real faults (a queue that repeats and reorders, a
 Redis and a PostgreSQL of one's own to kill or restart, connections terminated at random).
 
-Imported lazily, so ``python -m onward.chaos.worker_proc`` does not load the runner first.
+The processes it starts are ``python -m onward.testing.worker`` (:mod:`onward.testing`). The
+runner is imported lazily: importing ``onward.chaos.faults`` does not load it.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import psycopg
 
@@ -110,22 +109,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def libfaketime() -> str | None:
-    """The libfaketime shared library (Debian package ``faketime``), if installed."""
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")) + sorted(
-        glob.glob("/usr/lib/faketime/libfaketime.so.1")
-    )
-    return found[0] if found else None
-
-
-def with_query(url: str, **params: str) -> str:
-    """``url`` with query parameters added (e.g. ``application_name``)."""
-    parts = urlsplit(url)
-    extra = urlencode(params)
-    query = f"{parts.query}&{extra}" if parts.query else extra
-    return urlunsplit(parts._replace(query=query))
 
 
 def _wait_for(check: Any, timeout: float, what: str) -> None:

@@ -5,7 +5,7 @@ Set-up: a scratch database on the configured server (or the embedded one), the s
 providers in a child process with a little of every provider fault, one connection per
 provider, the scenario published (:mod:`onward.chaos.scenario`).
 
-Processes (all ``python -m onward.chaos.worker_proc``, each with its own ``application_name``):
+Processes (all ``python -m onward.testing.worker``, each with its own ``application_name``):
 
 * ``workers`` worker slots (worker + outbox relay), every wake delivered twice and out of order;
 * one leader slot (worker + relay + the only sweeper candidate), its clock skewed by five
@@ -38,34 +38,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import random
 import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from onward.bench.db import scratch_database
 from onward.chaos import scenario
-from onward.chaos.faults import BackendKiller, libfaketime
-from onward.chaos.worker_proc import settings_to_json
+from onward.chaos.faults import BackendKiller
 from onward.config import Settings
 from onward.crashpoints import POINTS
 from onward.db import resolve_url
 from onward.engine import TERMINAL, Engine
 from onward.sandbox import SandboxServer
+from onward.testing.processes import Process, libfaketime, process_env
+from onward.testing.rows import double_transitions, runs_without_way_forward, unfinished_runs
+from onward.testing.worker import worker_argv, worker_stats
 
 Out = Callable[[str], None]
 
@@ -103,40 +103,17 @@ class Spec:
 
 
 @dataclass
-class Proc:
-    role: str  # "worker" | "leader" | "starter"
-    slot: int
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    log: IO[bytes]
-    specs: list[Spec]
-    spawned_at: float
+class Proc(Process):
+    """A process in a slot of the run, with what the runner planned for it."""
+
+    role: str = "worker"  # "worker" | "leader" | "starter"
+    slot: int = -1
+    specs: list[Spec] = field(default_factory=list)
+    spawned_at: float = 0.0
     ready_at: float | None = None
     term_at: float | None = None
     resume_at: float | None = None
     external: bool = False
-    offset: int = 0
-    text: str = ""
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def read_new(self) -> str:
-        with self.log_path.open("rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        chunk = data.decode(errors="replace")
-        if len(self.text) < 200_000:
-            self.text += chunk
-        return chunk
-
-    def tail(self, chars: int = 1500) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
 
 @dataclass
@@ -295,45 +272,10 @@ class Report:
 
 # -- the figures, from the rows and the ledger ----------------------------------------------------
 
-_DOUBLES = {
-    "claim_or_wait_twice": """
-        SELECT count(*) AS n FROM (
-            SELECT run_id, seq, attempt, event FROM history
-            WHERE org_id = %(org)s
-              AND event IN ('step_claimed', 'step_done', 'step_waiting', 'timer_fired')
-            GROUP BY 1, 2, 3, 4 HAVING count(*) > 1) x""",
-    "step_done_twice": """
-        SELECT count(*) AS n FROM (
-            SELECT run_id, seq FROM history WHERE org_id = %(org)s AND event = 'step_done'
-            GROUP BY 1, 2 HAVING count(*) > 1) x""",
-    "timer_fired_twice": """
-        SELECT count(*) AS n FROM (
-            SELECT detail->>'timer_id' FROM history
-            WHERE org_id = %(org)s AND event = 'timer_fired'
-            GROUP BY 1 HAVING count(*) > 1) x""",
-    "run_completed_twice": """
-        SELECT count(*) AS n FROM (
-            SELECT run_id FROM history WHERE org_id = %(org)s AND event = 'run_completed'
-            GROUP BY 1 HAVING count(*) > 1) x""",
-    "settled_by_a_stale_attempt": """
-        SELECT count(*) AS n FROM history d
-        WHERE d.org_id = %(org)s
-          AND d.event IN ('step_done', 'step_failed', 'step_parked', 'step_cancelled')
-          AND EXISTS (SELECT 1 FROM history c
-                      WHERE c.org_id = d.org_id AND c.run_id = d.run_id AND c.seq = d.seq
-                        AND c.event = 'step_claimed' AND c.attempt > d.attempt)""",
-    "steps_done_per_seq": """
-        SELECT count(*) AS n FROM (
-            SELECT run_id, seq FROM steps WHERE org_id = %(org)s
-            GROUP BY 1, 2 HAVING count(*) > 1) x""",
-}
-
 
 def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[str], set[str]]:
     """Fill the run figures; returns the run ids that count as lost, the completed runs and
     the runs that reached the payment step."""
-    from onward.doctor import Q as DOCTOR
-
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         by_status = {
             r["status"]: r["n"]
@@ -357,20 +299,9 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[str]
         report.parked_for_review = len(review)
         report.parked_by_provider = dict(Counter(p["provider"] or "?" for p in review))
         report.parked_other = by_status.get("parked", 0) - len(review)
-        unfinished = {
-            r["run_id"]
-            for r in conn.execute(
-                "SELECT run_id FROM runs WHERE org_id = %s AND status <> ALL(%s)",
-                (org, [*TERMINAL, "parked"]),
-            ).fetchall()
-        }
+        unfinished = unfinished_runs(conn, org=org)
         report.unfinished = len(unfinished)
-        stuck = {
-            r["run_id"]
-            for r in conn.execute(
-                DOCTOR.no_way_forward, {"settle": 0.0, "limit": 1_000_000}
-            ).fetchall()
-        }
+        stuck = runs_without_way_forward(conn)
         report.no_way_forward = len(stuck)
         lost = sorted(unfinished | stuck)
         if lost:
@@ -392,11 +323,7 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[str]
             " AND provider = 'payment'",
             (org,),
         ).fetchone()["n"]  # type: ignore[index]
-        for name, query in _DOUBLES.items():
-            row = conn.execute(query, {"org": org}).fetchone()
-            n = int(row["n"]) if row else 0
-            if n:
-                report.doubles[name] = n
+        report.doubles = double_transitions(conn, org=org)
         report.double_transitions = sum(report.doubles.values())
         report.leases_taken_early = conn.execute(
             "SELECT count(*) AS n FROM history WHERE org_id = %s AND event = 'lease_expired'"
@@ -481,7 +408,6 @@ class _Chaos:
         self.skew_lib = libfaketime() if skew_clock else None
         report.clock_skew = CLOCK_SKEW if self.skew_lib else None
         self.app_prefix = f"onward-chaos-{secrets.token_hex(3)}-"
-        self.config = settings_to_json(settings)
         self.procs: dict[tuple[str, int], Proc] = {}  # the slots' current processes
         self.warm = False  # spares are kept once the first processes are up
         self.spares: dict[str, Proc] = {}  # one warm standby per role
@@ -574,33 +500,27 @@ class _Chaos:
         """Start a process that imports everything and waits for its ``go`` line."""
         self.generation += 1
         name = f"spare{self.generation}-{role}"
-        argv = [sys.executable, "-m", "onward.chaos.worker_proc"]
-        argv += ["starter" if role == "starter" else "worker", "--config", self.config]
-        argv += ["--app-prefix", self.app_prefix, "--standby"]
-        if role == "leader":
-            argv.append("--sweeper")
-        if role != "starter" and self.duplicate_wakes:
-            argv.append("--twice")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("ONWARD_CRASH_AT", None)
-        if role == "leader" and self.skew_lib:
-            env.update(LD_PRELOAD=self.skew_lib, FAKETIME=CLOCK_SKEW, FAKETIME_NO_CACHE="1")
-        log_path = self.log_dir / f"p{self.generation:04d}-{role}.log"
-        log = log_path.open("wb")
-        popen = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=env
+        argv = worker_argv(
+            self.settings,
+            name,
+            role="starter" if role == "starter" else "worker",
+            sweeper=role == "leader",
+            twice=role != "starter" and self.duplicate_wakes,
+            app_prefix=self.app_prefix,
+            standby=True,
+        )
+        skew = role == "leader" and self.skew_lib is not None
+        proc = Proc.start(
+            argv,
+            name=name,
+            log_path=self.log_dir / f"p{self.generation:04d}-{role}.log",
+            env=process_env(clock_offset=CLOCK_SKEW if skew else None),
+            stdin=True,
+            role=role,
+            spawned_at=time.monotonic(),
         )
         self.report.processes += 1
-        return Proc(role, -1, name, popen, log_path, log, [], time.monotonic())
-
-    def _tell(self, proc: Proc, line: str) -> bool:
-        assert proc.popen.stdin is not None
-        try:
-            proc.popen.stdin.write(line.encode())
-            proc.popen.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            return False
-        return True
+        return proc
 
     def spawn(self, role: str, slot: int) -> Proc:
         """Put a process to work in a slot: the warm spare if there is one, armed with the
@@ -632,7 +552,7 @@ class _Chaos:
             spec.tries += 1
         proc.spawned_at = time.monotonic()
         arm = ",".join(x.arm for x in proc.specs) or "-"
-        self._tell(proc, f"go {proc.name} {arm}\n")
+        proc.tell(f"go {proc.name} {arm}\n")
         self.procs[(role, slot)] = proc
         return proc
 
@@ -652,10 +572,9 @@ class _Chaos:
         for line in tail.splitlines():
             if line.startswith("onward: crash point ") and line.endswith(" reached, SIGKILL"):
                 crashed_at = line[len("onward: crash point ") : -len(" reached, SIGKILL")]
-            elif line.startswith("stats "):
-                with contextlib.suppress(ValueError):
-                    lost = json.loads(line[len("stats ") :]).get("lost", 0)
-                    self.report.stale_settles_refused += int(lost)
+        stats = worker_stats(tail)
+        if stats is not None:
+            self.report.stale_settles_refused += int(stats.get("lost", 0))
         live = [x for x in proc.specs if not x.done]
         if rc == -signal.SIGKILL and crashed_at is not None and not proc.external:
             self.report.kills[crashed_at] = self.report.kills.get(crashed_at, 0) + 1
@@ -766,7 +685,7 @@ class _Chaos:
         target = self.target()
         if target > self.sent:
             last = min(target, self.sent + 200)
-            if self._tell(starter, f"{self.sent} {last}\n"):
+            if starter.tell(f"{self.sent} {last}\n"):
                 self.batch = (self.sent, last)
                 self.sent = last
 
@@ -804,9 +723,7 @@ class _Chaos:
                     self._missed(spec)
                 self.queues["starter"].clear()
                 starter.specs = []
-                with contextlib.suppress(OSError):
-                    assert starter.popen.stdin is not None
-                    starter.popen.stdin.close()  # EOF: the starter is done
+                starter.close_stdin()  # EOF: the starter is done
                 starter.term_at = now
         for proc in self.procs.values():
             if proc.role == "starter" or not proc.alive() or proc.term_at is not None:
@@ -970,9 +887,7 @@ class _Chaos:
         for p in [*working, *spares]:
             with contextlib.suppress(ProcessLookupError):
                 p.popen.send_signal(signal.SIGCONT)  # a paused process cannot stop otherwise
-            if p.popen.stdin is not None:
-                with contextlib.suppress(OSError):
-                    p.popen.stdin.close()  # EOF: a spare or the starter exits
+            p.close_stdin()  # EOF: a spare or the starter exits
             if p in working:
                 with contextlib.suppress(ProcessLookupError):
                     p.popen.send_signal(signal.SIGTERM)
@@ -989,9 +904,7 @@ class _Chaos:
         for p in [*self.procs.values(), *self.spares.values(), *self.retired]:
             if not p.log.closed:
                 p.log.close()
-            if p.popen.stdin is not None and not p.popen.stdin.closed:
-                with contextlib.suppress(OSError):
-                    p.popen.stdin.close()
+            p.close_stdin()
         if self.monitor is not None:
             self.monitor.close()
 

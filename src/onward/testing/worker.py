@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
@@ -89,6 +90,15 @@ def settings_to_json(settings: Settings, **overrides: Any) -> str:
     data = {k: getattr(settings, k) for k in _KEEP}
     data.update(overrides)
     return json.dumps(data)
+
+
+def worker_stats(log: str) -> dict[str, int] | None:
+    """The counters a worker process printed (``stats {...}``) when it stopped, or None."""
+    for line in log.splitlines():
+        if line.startswith("stats "):
+            with contextlib.suppress(ValueError):
+                return dict(json.loads(line[len("stats ") :]))
+    return None
 
 
 # -- starting one -------------------------------------------------------------------------------
