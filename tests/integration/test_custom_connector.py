@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -83,7 +83,7 @@ def test_register_connector_refuses_what_is_not_a_connector() -> None:
     from onward import Connector, register_connector
 
     with pytest.raises(TypeError, match="a Connector subclass"):
-        register_connector(dict)
+        register_connector(cast(Any, dict))
 
     class Nameless(Connector):
         async def perform(self, idempotency_key: str, params: dict[str, Any]) -> dict[str, Any]:
