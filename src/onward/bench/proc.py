@@ -193,7 +193,7 @@ async def _worker(a: argparse.Namespace) -> None:
         await warm_pool(engine.pool, a.pool)
         for automation_id in a.automation:  # the version cache, as a long-running worker has it
             await engine.versions.get(a.org, automation_id, 1)
-        svc = engine.services(worker=False, relay=a.relay, sweeper=a.sweeper)
+        svc = engine.background(worker=False, relay=a.relay, sweeper=a.sweeper)
         worker = Worker(
             engine.pool,
             engine.queue,
@@ -204,7 +204,7 @@ async def _worker(a: argparse.Namespace) -> None:
             lanes=lanes,
             eager=a.eager,
             claim_batch=a.batch,
-            services=engine.integrations,
+            integrations=engine.integrations,
         )
         svc.worker = worker
         _emit("ready", lanes=lanes, batch=a.batch, pool=a.pool, relay=a.relay)
@@ -212,7 +212,7 @@ async def _worker(a: argparse.Namespace) -> None:
         if sql is not None:
             sql.reset()
         cpu0, t0 = _cpu_s(), time.perf_counter()
-        task = asyncio.create_task(engine.run_services(svc))
+        task = asyncio.create_task(engine.run_background(svc))
         await _line()  # stop
         cpu1, t1 = _cpu_s(), time.perf_counter()
         statements = sql.report() if sql is not None else {}
