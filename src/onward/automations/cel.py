@@ -4,14 +4,15 @@ Uses ``common-expression-language`` (Rust core, ~15 µs an evaluation here, agai
 the pure-Python cel-python). Expressions see three variables: ``input`` (what started the run),
 ``vars`` (values set by earlier steps) and ``steps`` (each finished step's output by step id).
 Compiled programs are cached: automation versions are immutable, so an expression never changes.
+
+The library is imported on first use, not by ``import onward``: its package also loads its
+command line (prompt_toolkit, rich), about 200 ms that a process evaluating no CEL never needs.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any
-
-import cel
 
 ROOTS = frozenset({"input", "vars", "steps"})
 
@@ -22,6 +23,8 @@ class CelError(ValueError):
 
 @lru_cache(maxsize=4096)
 def compile_expr(source: str) -> Any:
+    import cel
+
     try:
         return cel.compile(source)
     except (ValueError, RuntimeError) as exc:
