@@ -8,7 +8,7 @@ from onward.automations.builder import Automation
 from onward.automations.document import AutomationDoc
 from onward.config import Settings
 from onward.connectors import Connection, Connector, classify, register_connector
-from onward.effect_kinds import _effect as run_effect
+from onward.effect_kinds import run_effect
 from onward.engine import Engine
 from onward.errors import (
     AuthorizationError,

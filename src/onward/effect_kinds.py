@@ -75,7 +75,19 @@ def _render(step: StepContext, value: str) -> str:
     return value
 
 
-async def _effect(step: StepContext, connection: str, params: dict[str, Any]) -> dict[str, Any]:
+async def run_effect(step: StepContext, connection: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Perform ``params`` through the connector of ``connection``, as this step's one outside
+    effect (R4): the effect row is claimed under ``step.effect_key`` (the same for every
+    attempt, new for every loop iteration), which is also the provider's idempotency key; a
+    settled effect returns its recorded result without calling the provider; an uncertain one
+    is reconciled, repeated with the same key, or parked for a person. An authorisation
+    failure marks the connection broken (the customer is notified) and parks the run until it
+    is restored (R15). Use it in your own step kinds with your own connectors::
+
+        @onward.step_kind("crm.tag", lane="io")
+        async def tag(step: onward.StepContext) -> dict:
+            return await onward.run_effect(step, "crm", {"email": step.input["email"]})
+    """
     integ = _integrations(step)
     try:
         connector = await integ.connector(step.org_id, connection)
@@ -109,7 +121,7 @@ async def email_send(step: StepContext) -> Advance:
                 )
         reason = f"{to} must not be emailed: {refused.reason} (checked at send time)"
         return Advance(output={"sent": False, "reason": reason}, skipped=reason)
-    result = await _effect(
+    result = await run_effect(
         step,
         p.connection,
         {
@@ -128,7 +140,7 @@ async def email_send(step: StepContext) -> Advance:
 async def crm_upsert(step: StepContext) -> dict[str, Any]:
     p: CrmParams = step.params
     fields = {k: _render(step, v) if isinstance(v, str) else v for k, v in p.fields.items()}
-    return await _effect(
+    return await run_effect(
         step, p.connection, {**fields, "external_id": _render(step, p.external_id)}
     )
 
@@ -136,7 +148,7 @@ async def crm_upsert(step: StepContext) -> dict[str, Any]:
 @step_kind("model.generate", lane="slow", params=ModelParams)
 async def model_generate(step: StepContext) -> dict[str, Any]:
     p: ModelParams = step.params
-    return await _effect(
+    return await run_effect(
         step, p.connection, {"prompt": _render(step, p.prompt), "max_tokens": p.max_tokens}
     )
 
@@ -144,7 +156,7 @@ async def model_generate(step: StepContext) -> dict[str, Any]:
 @step_kind("payment.charge", lane="io", params=PaymentParams)
 async def payment_charge(step: StepContext) -> dict[str, Any]:
     p: PaymentParams = step.params
-    return await _effect(
+    return await run_effect(
         step,
         p.connection,
         {
@@ -159,4 +171,6 @@ async def payment_charge(step: StepContext) -> dict[str, Any]:
 @step_kind("http.call", lane="io", params=HttpParams)
 async def http_call(step: StepContext) -> dict[str, Any]:
     p: HttpParams = step.params
-    return await _effect(step, p.connection, {"path": p.path, "method": p.method, "json": p.body})
+    return await run_effect(
+        step, p.connection, {"path": p.path, "method": p.method, "json": p.body}
+    )

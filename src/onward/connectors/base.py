@@ -171,7 +171,3 @@ class Connector(abc.ABC):
         if response.request.method in _SAFE_METHODS:
             raise RetryableError(message, detail=detail)
         raise OutcomeUnknown(message + "; the work may have happened", detail=detail)
-
-    # The names the built-in connectors use.
-    _request = request
-    _json_object = json_object

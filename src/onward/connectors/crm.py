@@ -26,22 +26,22 @@ class CrmConnector(Connector):
         fields = dict(params)
         external_id = str(fields.pop("external_id", None) or idempotency_key)
         fields[EFFECT_KEY_FIELD] = idempotency_key
-        response = await self._request(
+        response = await self.request(
             "PUT", self._contact_path(external_id), json=fields, idempotency_key=idempotency_key
         )
-        return self._json_object(response)
+        return self.json_object(response)
 
     async def reconcile(self, idempotency_key: str) -> dict[str, Any] | None:
-        response = await self._request(
+        response = await self.request(
             "GET", "/crm/contacts", params={"property": EFFECT_KEY_FIELD, "value": idempotency_key}
         )
-        found = self._json_object(response).get("data") or []
+        found = self.json_object(response).get("data") or []
         return dict(found[0]) if found else None
 
     async def get_contact(self, external_id: str) -> dict[str, Any] | None:
         """The contact with this external id, or None."""
-        response = await self._request("GET", self._contact_path(external_id), accept=(404,))
-        return None if response.status_code == 404 else self._json_object(response)
+        response = await self.request("GET", self._contact_path(external_id), accept=(404,))
+        return None if response.status_code == 404 else self.json_object(response)
 
     @staticmethod
     def _contact_path(external_id: str) -> str:

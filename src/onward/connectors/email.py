@@ -22,19 +22,19 @@ class EmailConnector(Connector):
 
     async def perform(self, idempotency_key: str, params: dict[str, Any]) -> dict[str, Any]:
         metadata = {**(params.get("metadata") or {}), EFFECT_KEY_FIELD: idempotency_key}
-        response = await self._request(
+        response = await self.request(
             "POST",
             "/email/messages",
             json={**params, "metadata": metadata},
             idempotency_key=idempotency_key,
         )
-        return self._json_object(response)
+        return self.json_object(response)
 
     async def reconcile(self, idempotency_key: str) -> dict[str, Any] | None:
-        response = await self._request(
+        response = await self.request(
             "GET",
             "/email/messages",
             params={"metadata_key": EFFECT_KEY_FIELD, "metadata_value": idempotency_key},
         )
-        found = self._json_object(response).get("data") or []
+        found = self.json_object(response).get("data") or []
         return dict(found[0]) if found else None

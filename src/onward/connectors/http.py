@@ -99,7 +99,7 @@ class HttpConnector(Connector):
         )
         header = str(params.get("idempotency_header") or self.idempotency_header)
         headers = {**(params.get("headers") or {}), header: idempotency_key}
-        response = await self._request(
+        response = await self.request(
             str(params.get("method", "POST")),
             target,
             json=params.get("json"),
@@ -117,4 +117,4 @@ class HttpConnector(Connector):
     async def probe(self) -> None:
         # There is no known "who am I" endpoint, so GET the base URL: a 404 there still proves
         # the credentials were accepted.
-        await self._request("GET", url_under(self.connection.base_url, "/"), accept=_PROBE_OK)
+        await self.request("GET", url_under(self.connection.base_url, "/"), accept=_PROBE_OK)

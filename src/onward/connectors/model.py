@@ -18,7 +18,7 @@ class ModelConnector(Connector):
     repeat_is_harmless = True  # a second generation costs money; it reaches no person
 
     async def perform(self, idempotency_key: str, params: dict[str, Any]) -> dict[str, Any]:
-        response = await self._request(
+        response = await self.request(
             "POST", "/model/generate", json=params, idempotency_key=idempotency_key
         )
-        return self._json_object(response)
+        return self.json_object(response)

@@ -19,7 +19,7 @@ class PaymentConnector(Connector):
     supports_reconcile = False
 
     async def perform(self, idempotency_key: str, params: dict[str, Any]) -> dict[str, Any]:
-        response = await self._request(
+        response = await self.request(
             "POST", "/payment/charges", json=params, idempotency_key=idempotency_key
         )
-        return self._json_object(response)
+        return self.json_object(response)

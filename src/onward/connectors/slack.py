@@ -24,10 +24,10 @@ class SlackConnector(Connector):
     supports_reconcile = False
 
     async def perform(self, idempotency_key: str, params: dict[str, Any]) -> dict[str, Any]:
-        response = await self._request(
+        response = await self.request(
             "POST", "/slack/chat.postMessage", json=params, idempotency_key=idempotency_key
         )
-        result = self._json_object(response)
+        result = self.json_object(response)
         if not result.get("ok", False):
             self._raise_slack_error(str(result.get("error", "unknown_error")), result)
         return {**result, "id": result.get("ts")}
