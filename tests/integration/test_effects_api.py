@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import httpx
 import psycopg
 
-from onward.api.app import create_app
 from onward.engine import Engine
-
-
-def _client(engine: Engine) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://t"
-    )
+from tests.integration.api_client import api_client
 
 
 async def test_connection_lifecycle_over_http(engine: Engine, sql: psycopg.Connection) -> None:
-    async with _client(engine) as http:
+    async with api_client(engine) as http:
         bad = await http.post(
             "/v1/connections",
             json={
@@ -50,3 +43,16 @@ async def test_connection_lifecycle_over_http(engine: Engine, sql: psycopg.Conne
         assert sup.status_code == 201
     row = sql.execute("SELECT contact, reason FROM suppressions").fetchone()
     assert row == {"contact": "maya@example.test", "reason": "unsubscribed"}
+
+
+async def test_restore_and_probe_of_an_unknown_connection_are_404(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
+    async with api_client(engine) as http:
+        for action in ("restore", "probe"):
+            reply = await http.post(f"/v1/connections/nosuch/{action}")
+            assert reply.status_code == 404, (action, reply.text)
+            assert reply.json()["error"] == "unknown_connection"
+            assert "nosuch" in reply.json()["detail"]
+    for table in ("connections", "notifications"):
+        assert sql.execute(f"SELECT count(*) AS n FROM {table}").fetchone()["n"] == 0

@@ -16,10 +16,10 @@ import httpx
 import psycopg
 import pytest
 
-from onward.api import create_app
 from onward.automations.document import MAX_DOCUMENT_BYTES, load_file
 from onward.engine import Engine
 from onward.errors import InvalidAutomation
+from tests.integration.api_client import api_client
 
 Sql = psycopg.Connection[dict[str, Any]]
 
@@ -71,9 +71,7 @@ def counts(sql: Sql) -> dict[str, int]:
 
 @pytest.fixture
 async def client(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
-    await engine.publish(GREET)
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://onward.test") as c:
+    async with api_client(engine, publish=GREET) as c:
         yield c
 
 

@@ -63,7 +63,14 @@ class AutomationSummary(BaseModel):
 class StartRequest(BaseModel):
     """Start a run with explicit fields (``POST /v1/runs``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"automation_id": "welcome", "input": {"name": "Maya"}, "event_id": "evt_7Hq2"}
+            ]
+        },
+    )
     automation_id: str = Field(pattern=ID_PATTERN, description="a published automation")
     input: dict[str, Any] = Field(default_factory=dict, description="the run's input")
     event_id: Text | None = Field(
@@ -166,7 +173,20 @@ URL_PATTERN = r"^https?://[A-Za-z0-9.\-]+(:[0-9]{1,5})?(/[!-~]*)?$"
 class ConnectionIn(BaseModel):
     """Connect an account: which provider, where it is, and its credentials."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "connection_id": "mailbox",
+                    "provider": "email",
+                    "base_url": "https://mail.example.test/api",
+                    "account": "team@example.test",
+                    "secret": "tok_123",
+                }
+            ]
+        },
+    )
     connection_id: str = Field(pattern=ID_PATTERN)
     provider: str = Field(
         description="a registered connector (the schema lists the ones this server knows)",
@@ -209,7 +229,12 @@ class ProbeAnswer(BaseModel):
 class SuppressionIn(BaseModel):
     """Never contact this person on this channel again."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"contact": "maya@example.test", "reason": "unsubscribed"}]
+        },
+    )
     contact: Text = Field(min_length=1, max_length=320)
     reason: Text = Field(min_length=1, max_length=500)
     channel: Text = Field(default="email", min_length=1, max_length=64)

@@ -113,6 +113,7 @@ async def reachable(pool: Pool) -> None:
     await conn.close()
     if _down.pop(pool, None) is not None:
         log.info("the database answers again")
+        await pool.check()  # the connections that died while it was down
 
 
 async def _attempt(pool: Pool, fn: Callable[[], Awaitable[T]], *, repeat: bool) -> T:

@@ -1,0 +1,221 @@
+"""The OpenAPI document describes what the API does, and every error is one JSON body.
+
+``test_schemathesis_finds_nothing`` runs schemathesis (every phase it runs in-process:
+examples, coverage, fuzzing, stateful) over the ASGI app against a real engine on the test
+database, with a fixed seed and a bounded number of examples, and asserts that no check fails:
+no 5xx, every status documented, every body as documented (errors included), schema-valid
+requests accepted, schema-invalid ones refused, ``Allow`` naming every method of a path.
+
+Two choices of the run are deliberate, and documented in the API itself:
+
+* ``allow-x00: false``: PostgreSQL cannot store ``\\u0000``; the schema says so for every text
+  field it can (``pattern``), but the free-form run input cannot carry a pattern. Requests
+  holding NUL are still sent as schema-invalid data (coverage, negative fuzzing) and must be
+  refused with a 4xx.
+* ``POST /v1/automations`` may answer 422 to a schema-valid document: the schema describes the
+  document's shape; its graph (known step kinds, transitions to existing steps, valid CEL,
+  reachable steps) is checked on publish and no JSON Schema can express it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from schemathesis.config import SchemathesisConfig
+from schemathesis.engine import Status, events, from_schema
+from schemathesis.python import asgi
+
+from onward.api import create_app
+from onward.config import Settings
+from onward.engine import Engine
+from onward.errors import ConfigError
+from tests.integration.api_client import api_client
+
+EXAMPLES = 60
+SEED = 20261201
+
+CONFIG = {
+    "seed": SEED,
+    "workers": 1,
+    "generation": {
+        "max-examples": EXAMPLES,
+        "deterministic": True,
+        "database": "none",
+        "allow-x00": False,
+    },
+    "checks": {"enabled": True},
+    "operations": [
+        {
+            "include-name": "POST /v1/automations",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        }
+    ],
+}
+
+
+def app_with_its_own_engine(settings: Settings) -> FastAPI:
+    """schemathesis calls the app from its own event loop: the engine is opened there."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with Engine.open(settings, migrate=False, start_queue=False) as engine:
+            app.state.engine = engine
+            yield
+
+    return create_app(lifespan=lifespan)
+
+
+def test_schemathesis_finds_nothing(settings: Settings) -> None:
+    app = app_with_its_own_engine(dataclasses.replace(settings, queue="none"))
+    config = SchemathesisConfig.from_dict(CONFIG)
+    failures: dict[tuple[str, str], str] = {}
+    errors: list[str] = []
+    phases: dict[str, Status] = {}
+    checked: set[str] = set()
+    try:
+        schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
+        for event in from_schema(schema).execute():
+            if isinstance(event, events.ScenarioFinished | events.FuzzScenarioFinished):
+                for case_id, nodes in event.recorder.checks.items():
+                    case = event.recorder.cases[case_id].value
+                    checked.add(case.operation.label)
+                    for node in nodes:
+                        if node.failure_info is not None:
+                            failure = node.failure_info.failure
+                            key = (failure.operation or "?", failure.title)
+                            failures.setdefault(key, node.failure_info.code_sample)
+            elif isinstance(event, events.NonFatalError | events.FatalError):
+                errors.append(str(getattr(event, "value", None) or event.exception))
+            elif isinstance(event, events.PhaseFinished):
+                phases[event.phase.name.value] = event.status
+    finally:
+        asgi.shutdown_lifespans()  # closes the engine before the database is dropped
+    assert not errors, errors
+    assert not failures, "\n".join(
+        f"{op}: {title}\n  {sample}" for (op, title), sample in failures.items()
+    )
+    for phase in ("examples", "coverage", "fuzzing", "stateful"):
+        assert phases.get(phase) == Status.SUCCESS, phases
+    operations = {
+        f"{method.upper()} {path}"
+        for path, item in schema.raw_schema["paths"].items()
+        for method in item
+    }
+    assert checked == operations
+
+
+# -- the error model, by hand ------------------------------------------------------------------
+
+
+@pytest.fixture
+async def app(engine: Engine) -> FastAPI:
+    app = create_app(engine)
+
+    @app.get("/test-only/boom", include_in_schema=False)
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    @app.get("/test-only/misconfigured", include_in_schema=False)
+    async def misconfigured() -> None:
+        raise ConfigError("an OnwardError no status maps")
+
+    return app
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(app) as c:
+        yield c
+
+
+def error_body(reply: httpx.Response, status: int, error: str) -> dict[str, Any]:
+    assert reply.status_code == status, reply.text
+    assert reply.headers["content-type"] == "application/json"
+    body: dict[str, Any] = reply.json()
+    assert body["error"] == error and isinstance(body["detail"], str) and body["detail"]
+    assert set(body) <= {"error", "detail", "problems"}
+    return body
+
+
+async def test_unknown_routes_and_methods_answer_the_error_body(
+    client: httpx.AsyncClient,
+) -> None:
+    error_body(await client.get("/v2/nothing"), 404, "not_found")
+    for method in ("PUT", "DELETE", "PATCH", "OPTIONS"):
+        reply = await client.request(method, "/v1/automations")
+        error_body(reply, 405, "method_not_allowed")
+        assert reply.headers["Allow"] == "GET, POST"
+        runs = await client.request(method, "/v1/runs")
+        assert runs.headers["Allow"] == "GET, POST"
+    hook = await client.get("/v1/hooks/greet")
+    error_body(hook, 405, "method_not_allowed")
+    assert hook.headers["Allow"] == "POST"
+    slash = await client.get("/v1/runs/")  # no redirect: one answer, documented or 404
+    error_body(slash, 404, "not_found")
+
+
+async def test_an_unexpected_error_is_a_logged_json_500(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="onward.api")
+    body = error_body(await client.get("/test-only/boom"), 500, "internal")
+    assert "a bug" not in body["detail"]  # nothing of the inside leaks out
+    assert "RuntimeError: a bug" in caplog.text and "/test-only/boom" in caplog.text
+    error_body(await client.get("/test-only/misconfigured"), 500, "internal")
+    assert "an OnwardError no status maps" in caplog.text
+
+
+async def test_the_document_describes_the_real_shapes(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    error_ref = "#/components/schemas/ErrorBody"
+    for path, item in spec["paths"].items():
+        for method, operation in item.items():
+            for status, response in operation["responses"].items():
+                if status.startswith(("4", "5")):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": error_ref}, (method, path, status)
+            assert {"422", "500", "503"} <= set(operation["responses"]), (method, path)
+            retry_after = operation["responses"]["503"]["headers"]["Retry-After"]
+            assert retry_after["required"] is True
+    components = spec["components"]["schemas"]
+    assert "HTTPValidationError" not in components  # FastAPI's own 422 shape is not used
+    document = components["AutomationDoc"]
+    assert set(document["required"]) == {"id", "steps"}  # {} is documented as invalid
+    assert document["properties"]["steps"]["minItems"] == 1
+    provider = components["ConnectionIn"]["properties"]["provider"]
+    assert "email" in provider["enum"] and "" not in provider["enum"]
+    publish = spec["paths"]["/v1/automations"]["post"]["requestBody"]["content"]
+    assert publish["application/json"]["schema"] == {"$ref": "#/components/schemas/AutomationDoc"}
+    for path in ("/v1/runs/{run_id}", "/v1/hooks/{automation_id}"):
+        operation = next(iter(spec["paths"][path].values()))
+        assert "404" in operation["responses"], path
+    for path in (
+        "/v1/connections/{connection_id}/restore",
+        "/v1/connections/{connection_id}/probe",
+    ):
+        assert "404" in spec["paths"][path]["post"]["responses"], path
+
+
+async def test_an_empty_automation_and_an_empty_provider_are_refused_as_documented(
+    client: httpx.AsyncClient,
+) -> None:
+    empty = await client.post("/v1/automations", json={})
+    body = error_body(empty, 422, "invalid_automation")
+    assert any("id" in p for p in body["problems"]) and any("steps" in p for p in body["problems"])
+    connection = {
+        "connection_id": "c1",
+        "provider": "",
+        "base_url": "http://127.0.0.1:9",
+        "account": "a",
+        "secret": "s",
+    }
+    refused = await client.post("/v1/connections", json=connection)
+    assert "provider" in error_body(refused, 422, "invalid_input")["detail"]
