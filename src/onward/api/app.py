@@ -92,8 +92,6 @@ from onward.start import Started, start_key_for
 log = logging.getLogger("onward.api")
 T = TypeVar("T")
 
-EVENT_ID_HEADERS = ("x-event-id", "idempotency-key")
-
 # -- the organisation of a request (the one place tenancy will change) ----------------------
 
 
