@@ -45,6 +45,7 @@ from onward.errors import InvalidAutomation, InvalidInput, OnwardError
 from onward.userapp import Document, UserApp, load_app
 
 if TYPE_CHECKING:
+    from onward.api import ApiServer
     from onward.automations.versions import Published
     from onward.engine import Engine
 
@@ -353,9 +354,7 @@ def _published_line(published: Published) -> str:
 async def _publish_documents(
     engine: Engine, documents: list[tuple[str, Document]]
 ) -> list[Published]:
-    from onward.automations.versions import publish_all
-
-    return await publish_all(engine.pool, engine.org_id, documents, registry=engine.registry)
+    return await engine.publish_all(documents)
 
 
 @app.command()
@@ -521,27 +520,27 @@ async def _serve(
     settings: Settings,
     *,
     api_at: tuple[str, int] | None,
-    services: bool,
+    background: bool,
     lanes: dict[str, int] | None = None,
     relay: bool = True,
     sweeper: bool = True,
     documents: Sequence[tuple[str, Document]] = (),
 ) -> None:
     """Publish ``documents`` (the app's automations, for ``up``), then run the API and/or
-    the background services until a signal, then stop in order: first the API (no new
-    starts), then the services (workers drain within the grace)."""
-    from onward.api import ApiServer, create_app
-
-    async with _open(settings, start_queue=services, pool_size=20) as engine:
+    the background tasks until a signal, then stop in order: first the API (no new starts),
+    then the background tasks (workers drain within the grace)."""
+    async with _open(settings, start_queue=background, pool_size=20) as engine:
         if documents:
             published = await _publish_documents(engine, list(documents))
             for p, (source, _) in zip(published, documents, strict=True):
                 log.info("%s  (%s)", _published_line(p), source)
         stop = asyncio.Event()
-        api: ApiServer | None = None
+        api: ApiServer | None = None  # imported only when served: a worker never loads FastAPI
         svc = None
         waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
         if api_at is not None:
+            from onward.api import ApiServer, create_app
+
             api = ApiServer(
                 create_app(engine),
                 host=api_at[0],
@@ -551,7 +550,7 @@ async def _serve(
             await api.start()
             waiters.append(asyncio.ensure_future(api.wait_closed()))
             log.info("API on %s (OpenAPI at %s/docs)", api.url, api.url)
-        if services:
+        if background:
             svc = engine.background(lanes=lanes, relay=relay, sweeper=sweeper)
             waiters.append(asyncio.ensure_future(engine.run_background(svc)))
             parts = [
@@ -604,7 +603,7 @@ def up(
         _serve(
             _settings(ctx),
             api_at=(host, port),
-            services=True,
+            background=True,
             lanes=_parse_lanes(lanes),
             documents=_app_automations(ctx),
         )
@@ -630,7 +629,7 @@ def worker(
         _serve(
             _settings(ctx),
             api_at=None,
-            services=True,
+            background=True,
             lanes=_parse_lanes(lanes),
             relay=relay,
             sweeper=sweeper,
@@ -641,7 +640,7 @@ def worker(
 @app.command()
 def api(ctx: typer.Context, host: HostOpt = "127.0.0.1", port: PortOpt = 8080) -> None:
     """The HTTP API only (webhooks, publish, runs), until SIGINT/SIGTERM."""
-    _run(_serve(_settings(ctx), api_at=(host, port), services=False))
+    _run(_serve(_settings(ctx), api_at=(host, port), background=False))
 
 
 @app.command()

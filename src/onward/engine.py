@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
 from onward.automations.document import AutomationDoc
-from onward.automations.versions import Published, VersionCache, publish
+from onward.automations.versions import Published, VersionCache, publish, publish_all
 from onward.config import Settings
 from onward.connections import Integrations
 from onward.db import Pool, make_pool, resolve_url
@@ -101,6 +101,14 @@ class Engine:
     # -- the library API -------------------------------------------------------------------
     async def publish(self, document: dict[str, Any] | AutomationDoc) -> Published:
         return await publish(self.pool, self.org_id, document, registry=self.registry)
+
+    async def publish_all(
+        self, documents: Sequence[tuple[str, dict[str, Any] | AutomationDoc]]
+    ) -> list[Published]:
+        """Publish several documents, each named by its source (a file name), in one
+        transaction: all or none. ``InvalidAutomation`` lists every problem, prefixed by its
+        source, and nothing is stored."""
+        return await publish_all(self.pool, self.org_id, list(documents), registry=self.registry)
 
     async def start(
         self,

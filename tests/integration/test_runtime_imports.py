@@ -64,3 +64,5 @@ async def test_a_running_onward_worker_process_loads_no_tools(db_url: str, tmp_p
     modules = set(line.split()[1:])
     assert {"onward.worker", "onward.sweep", "onward.outbox", "onward.queue.postgres"} <= modules
     assert tools_in(modules) == []
+    # nor the HTTP API: `onward worker` serves none, so it never imports FastAPI
+    assert not {m for m in modules if m == "onward.api" or m.startswith("onward.api.")}
