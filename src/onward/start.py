@@ -19,11 +19,16 @@ from onward.automations.versions import VersionCache
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
-from onward.errors import PayloadTooLarge, UnknownAutomation
+from onward.errors import InvalidInput, PayloadTooLarge, UnknownAutomation
 from onward.inputs import check_storable, check_text
 from onward.kinds import Registry
 
 Q = Queries(__package__, "start.sql")
+
+#: The longest ids a start takes, in characters; the API and the CLI refuse longer ones too.
+MAX_EVENT_ID = 256
+MAX_KEY = 512
+MAX_CONTACT_ID = 320
 
 
 @dataclass(frozen=True)
@@ -62,14 +67,18 @@ async def start_run(
     that pass them; the version's first step was resolved when it was published."""
     # What PostgreSQL would refuse mid-statement (NUL, lone surrogates, NaN, too deep) is
     # refused here, whole, before anything is written.
-    for what, text in (
-        ("automation id", automation_id),
-        ("event id", event_id),
-        ("key", key),
-        ("contact id", contact_id),
-    ):
-        if text is not None:
-            check_text(text, what)
+    limits = (
+        ("automation id", automation_id, None),
+        ("event id", event_id, MAX_EVENT_ID),
+        ("key", key, MAX_KEY),
+        ("contact id", contact_id, MAX_CONTACT_ID),
+    )
+    for what, text, longest in limits:
+        if text is None:
+            continue
+        check_text(text, what)
+        if longest is not None and len(text) > longest:
+            raise InvalidInput(f"{what}: at most {longest} characters ({len(text)} given)")
     check_storable(payload, "the payload")
     size = len(json.dumps(payload, default=str).encode())
     if size > max_payload_bytes:

@@ -86,6 +86,9 @@ def _nested(levels: int) -> object:
         ({"deep": _nested(200)}, {}, "deep"),
         ({"name": "Maya"}, {"event_id": "evt\x00"}, "event id"),
         ({"name": "Maya"}, {"key": "k\ud800"}, "key"),
+        ({"name": "Maya"}, {"event_id": "e" * 257}, "event id: at most 256 characters"),
+        ({"name": "Maya"}, {"key": "k" * 513}, "key: at most 512 characters"),
+        ({"name": "Maya"}, {"contact_id": "c" * 321}, "contact id: at most 320 characters"),
     ],
 )
 async def test_what_postgres_cannot_store_is_refused_before_anything_is_written(
