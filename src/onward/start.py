@@ -79,7 +79,11 @@ async def start_run(
         check_text(text, what)
         if longest is not None and len(text) > longest:
             raise InvalidInput(f"{what}: at most {longest} characters ({len(text)} given)")
-    check_storable(payload, "the payload")
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"the payload must be a JSON object, not {type(payload).__name__}")
+    # max_bytes: a structure that shares one sub-list many times stops here, early, instead of
+    # being expanded by json.dumps below
+    check_storable(payload, "the payload", max_bytes=4 * max_payload_bytes)
     size = len(json.dumps(payload, default=str).encode())
     if size > max_payload_bytes:
         raise PayloadTooLarge(size, max_payload_bytes)

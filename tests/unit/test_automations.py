@@ -428,3 +428,11 @@ def test_builder_output_is_validated_like_any_document() -> None:
     bad = Automation("bad").step("a", "set", values={"x": "1 +"}).goto("b", "nowhere").build()
     problems = problems_of(bad)
     assert any("'1 +'" in p for p in problems) and any("'nowhere'" in p for p in problems)
+
+
+def test_a_document_built_in_python_is_checked_for_what_postgres_cannot_store() -> None:
+    doc = AutomationDoc.model_validate(
+        {"id": "nul", "steps": [{"id": "a", "kind": "set", "with": {"values": {"x": "'a\x00b'"}}}]}
+    )
+    problems = problems_of(doc)
+    assert any("NUL" in p for p in problems), problems

@@ -206,8 +206,7 @@ def _providers() -> list[str]:
     """The providers a connection may name: the connectors registered in this process."""
     from onward import connectors
 
-    listing = getattr(connectors, "known_providers", None)  # asked of onward.connectors
-    return sorted(listing() if listing is not None else connectors._REGISTRY)
+    return connectors.known_providers()
 
 
 class ConnectionAnswer(BaseModel):

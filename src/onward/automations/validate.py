@@ -14,12 +14,19 @@ from pydantic import ValidationError
 
 from onward.automations.document import AutomationDoc, parse_model
 from onward.durations import parse_duration
-from onward.errors import InvalidAutomation
+from onward.errors import InvalidAutomation, InvalidInput
+from onward.inputs import check_storable
 from onward.kinds import LANES, Registry
 
 
 def validate(data: dict[str, Any] | AutomationDoc, registry: Registry) -> AutomationDoc:
     """Return the parsed document, or raise ``InvalidAutomation`` listing every problem."""
+    if isinstance(data, AutomationDoc):
+        # built in Python, so it skipped parse_model's check of what PostgreSQL can store
+        try:
+            check_storable(data.canonical(), "the document")
+        except InvalidInput as exc:
+            raise InvalidAutomation([str(exc)]) from None
     doc = data if isinstance(data, AutomationDoc) else parse_model(data)
     problems: list[str] = []
     ids: set[str] = set()

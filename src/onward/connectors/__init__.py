@@ -62,6 +62,11 @@ def get_connector_class(provider: str) -> type[Connector]:
 C = TypeVar("C", bound=type[Connector])
 
 
+def known_providers() -> list[str]:
+    """The providers a connection may name: every registered connector's, sorted."""
+    return sorted(_REGISTRY)
+
+
 def register_connector(cls: C) -> C:
     """Add (or replace) the connector for ``cls.provider``; usable as a class decorator."""
     if not (isinstance(cls, type) and issubclass(cls, Connector)):
@@ -84,6 +89,7 @@ __all__ = [
     "SlackConnector",
     "classify",
     "get_connector_class",
+    "known_providers",
     "parse_retry_after",
     "register_connector",
 ]
