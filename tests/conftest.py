@@ -1,10 +1,14 @@
 """Shared fixtures: a real PostgreSQL (a fresh database per test, cloned from a migrated
-template) and real Redis. Nothing here mocks the database, the queue or a process."""
+template), real Redis, real processes (``processes``: reaped at teardown, their logs printed)
+and the real provider sandbox (``sandbox``, one server per test module; ``admin`` resets it).
+Nothing here mocks the database, the queue or a process."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -12,7 +16,10 @@ from psycopg.rows import dict_row
 
 from onward.config import Settings
 from onward.engine import Engine
-from onward.testing import TemporaryDatabases
+from onward.testing import Processes, TemporaryDatabases
+
+if TYPE_CHECKING:
+    from onward.sandbox import SandboxAdmin, SandboxServer
 
 ADMIN_URL = os.environ.get("ONWARD_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ONWARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -61,3 +68,29 @@ def sql(db_url: str) -> Iterator[psycopg.Connection]:
     """A plain synchronous connection for assertions on the rows themselves."""
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:
         yield conn
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    """The processes a test starts (``processes.worker(settings, name, ...)``,
+    ``processes.start(argv, name)``): every one is reaped at teardown (SIGKILL by its own pid if
+    still running) and its log printed then, which pytest shows when the test failed."""
+    with Processes(tmp_path / "logs") as group:
+        yield group
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[SandboxServer]:
+    """The provider sandbox, served over real HTTP: one server per test module."""
+    from onward.sandbox import SandboxServer
+
+    with SandboxServer() as server:
+        yield server
+
+
+@pytest.fixture
+def admin(sandbox: SandboxServer) -> SandboxAdmin:
+    """The sandbox's admin, reset: no faults, no revocations, an empty ledger. A module whose
+    every test needs a clean sandbox says ``pytestmark = pytest.mark.usefixtures("admin")``."""
+    sandbox.admin.reset()
+    return sandbox.admin

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -54,19 +54,7 @@ def effect_worker(spawn: Spawn) -> Spawn:
     return start
 
 
-# -- the provider ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture
-def admin(sandbox: SandboxServer) -> SandboxAdmin:
-    sandbox.admin.reset()
-    return sandbox.admin
-
-
+# -- the provider (the ``sandbox`` and ``admin`` fixtures: tests/conftest.py) --------------------
 async def start_one(
     engine: Engine, sandbox: SandboxServer, provider: str, event_id: str
 ) -> tuple[str, str]:

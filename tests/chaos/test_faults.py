@@ -22,7 +22,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -179,19 +179,7 @@ def exactly_one_effect_per_key(admin: SandboxAdmin, run_ids: list[str]) -> None:
             assert len(made) == 1, (key, made)
 
 
-# -- the provider ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture
-def admin(sandbox: SandboxServer) -> SandboxAdmin:
-    sandbox.admin.reset()
-    return sandbox.admin
-
-
+# -- the provider (the ``sandbox`` and ``admin`` fixtures: tests/conftest.py) --------------------
 async def connect(engine: Engine, sandbox: SandboxServer) -> None:
     await scenario.add_connections(engine.integrations, engine.org_id, sandbox.url)
 

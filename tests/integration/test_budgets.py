@@ -10,31 +10,13 @@ import psycopg
 
 from onward import Automation, StepContext, step_kind
 from onward.engine import Engine
-from onward.testing import eventually
+from onward.testing import eventually, history, run_row, steps
 
 
 @step_kind("budgets.nap", lane="io", replace=True)
 async def _nap(step: StepContext) -> dict[str, Any]:
     await asyncio.sleep(float(step.params["seconds"]))
     return {"slept": step.params["seconds"]}
-
-
-def run_row(sql: psycopg.Connection, run_id: str) -> dict[str, Any]:
-    row = sql.execute(
-        "SELECT status, status_reason, steps_executed, max_steps, finished_at, ctx"
-        " FROM runs WHERE run_id = %s",
-        (run_id,),
-    ).fetchone()
-    assert row is not None
-    return dict(row)
-
-
-def events(sql: psycopg.Connection, run_id: str) -> list[Any]:
-    return sql.execute(
-        "SELECT event, seq, step_id, attempt, detail FROM history WHERE run_id = %s"
-        " ORDER BY event_id",
-        (run_id,),
-    ).fetchall()
 
 
 def loop_flow(max_steps: int) -> dict[str, Any]:
@@ -64,22 +46,19 @@ async def test_a_goto_loop_without_a_wait_is_stopped_by_the_step_budget(
     # init + 5 x (count, again): 11 steps done, the 12th was stopped before it ran
     assert run["ctx"]["vars"]["n"] == 5
 
-    history = events(sql, started.run_id)
-    assert history[-1]["event"] == "run_exceeded"
-    assert "step budget" in history[-1]["detail"]["reason"]
-    done = [e for e in history if e["event"] == "step_done"]
+    events = history(sql, started.run_id)
+    assert events[-1]["event"] == "run_exceeded"
+    assert "step budget" in events[-1]["detail"]["reason"]
+    done = [e for e in events if e["event"] == "step_done"]
     assert len(done) == max_steps
-    stopped = sql.execute(
-        "SELECT seq, step_id, status FROM steps WHERE run_id = %s AND status <> 'done'",
-        (started.run_id,),
-    ).fetchall()
-    assert stopped == [{"seq": max_steps + 1, "step_id": "count", "status": "cancelled"}]
+    stopped = [
+        (s["seq"], s["step_id"], s["status"])
+        for s in steps(sql, started.run_id)
+        if s["status"] != "done"
+    ]
+    assert stopped == [(max_steps + 1, "count", "cancelled")]
     # the iteration number kept counting through the loop (effect keys differ per pass)
-    visits = sql.execute(
-        "SELECT max(iteration) AS top FROM steps WHERE run_id = %s AND step_id = 'count'",
-        (started.run_id,),
-    ).fetchone()
-    assert visits == {"top": 6}
+    assert max(s["iteration"] for s in steps(sql, started.run_id, "count")) == 6
 
 
 async def test_steps_executed_never_exceeds_max_steps(
@@ -97,7 +76,7 @@ async def test_steps_executed_never_exceeds_max_steps(
     for max_steps, started in runs.items():
         run = run_row(sql, started.run_id)
         assert run["steps_executed"] == max_steps, (max_steps, run)
-        dones = sum(1 for e in events(sql, started.run_id) if e["event"] == "step_done")
+        dones = len(history(sql, started.run_id, "step_done"))
         assert dones == max_steps
 
 
@@ -130,14 +109,11 @@ async def test_a_waiting_run_past_its_max_age_is_ended_by_the_sweep(
     run = run_row(sql, started.run_id)
     assert "maximum age" in run["status_reason"]
     assert run["finished_at"] is not None
-    history = events(sql, started.run_id)
-    assert history[-1]["event"] == "run_exceeded"
-    assert "maximum age" in history[-1]["detail"]["reason"]
-    step = sql.execute(
-        "SELECT status, finished_at IS NOT NULL AS finished FROM steps WHERE run_id = %s",
-        (started.run_id,),
-    ).fetchall()
-    assert step == [{"status": "cancelled", "finished": True}]
+    events = history(sql, started.run_id)
+    assert events[-1]["event"] == "run_exceeded"
+    assert "maximum age" in events[-1]["detail"]["reason"]
+    step = [(s["status"], s["finished_at"] is not None) for s in steps(sql, started.run_id)]
+    assert step == [("cancelled", True)]
     timer = sql.execute(
         "SELECT fired_by FROM timers WHERE run_id = %s", (started.run_id,)
     ).fetchall()
@@ -166,4 +142,4 @@ async def test_an_active_run_past_its_max_age_is_stopped_at_its_next_step(
     assert "maximum" in run["status_reason"] and "age" in run["status_reason"]
     assert run["steps_executed"] == 1
     assert "x" not in run["ctx"]["vars"]  # the step after the deadline never ran
-    assert events(sql, started.run_id)[-1]["event"] == "run_exceeded"
+    assert history(sql, started.run_id)[-1]["event"] == "run_exceeded"

@@ -44,16 +44,7 @@ PARAMS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def admin(sandbox: SandboxServer) -> SandboxAdmin:
-    sandbox.admin.reset()
-    return sandbox.admin
+pytestmark = pytest.mark.usefixtures("admin")  # every test starts on a clean sandbox
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -33,23 +33,14 @@ from onward.engine import Engine
 from onward.errors import NeedsReview, OutcomeUnknown
 from onward.kinds import StepContext
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import eventually
+from onward.testing import effect_row, eventually, history, run_effects, run_row, steps
 
 ORG = "test"  # the `settings` fixture's organisation
 MAYA = "maya@example.test"
 SAM = "sam@example.test"
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def admin(sandbox: SandboxServer) -> SandboxAdmin:
-    sandbox.admin.reset()
-    return sandbox.admin
+pytestmark = pytest.mark.usefixtures("admin")  # every test starts on a clean sandbox
 
 
 async def connect(engine: Engine, sandbox: SandboxServer, connection: str, provider: str) -> None:
@@ -82,51 +73,6 @@ async def publish_send_once(engine: Engine, automation_id: str = "send-once") ->
 
 
 # -- rows --------------------------------------------------------------------------------------
-def effect_row(sql: psycopg.Connection, key: str) -> dict[str, Any] | None:
-    row = sql.execute(
-        "SELECT status, owner_token, attempts, result, last_error, lease_until,"
-        " first_attempt_at FROM effects WHERE org_id = %s AND effect_key = %s",
-        (ORG, key),
-    ).fetchone()
-    return dict(row) if row else None
-
-
-def effects_of(sql: psycopg.Connection, run_id: str) -> list[dict[str, Any]]:
-    rows = sql.execute(
-        "SELECT effect_key, status, attempts, result FROM effects"
-        " WHERE org_id = %s AND run_id = %s ORDER BY effect_key",
-        (ORG, run_id),
-    ).fetchall()
-    return [dict(r) for r in rows]
-
-
-def step_row(sql: psycopg.Connection, run_id: str, step_id: str) -> dict[str, Any]:
-    rows = sql.execute(
-        "SELECT seq, status, attempt, iteration, wait_kind, output, error FROM steps"
-        " WHERE org_id = %s AND run_id = %s AND step_id = %s ORDER BY seq",
-        (ORG, run_id, step_id),
-    ).fetchall()
-    assert len(rows) == 1, f"{len(rows)} rows for step {step_id} of {run_id}"
-    return dict(rows[0])
-
-
-def run_row(sql: psycopg.Connection, run_id: str) -> dict[str, Any]:
-    row = sql.execute(
-        "SELECT status, status_reason FROM runs WHERE org_id = %s AND run_id = %s", (ORG, run_id)
-    ).fetchone()
-    assert row is not None
-    return dict(row)
-
-
-def events(sql: psycopg.Connection, run_id: str, *names: str) -> list[dict[str, Any]]:
-    rows = sql.execute(
-        "SELECT event, at, seq, step_id, attempt, worker, detail FROM history"
-        " WHERE org_id = %s AND run_id = %s AND event = ANY(%s::text[]) ORDER BY event_id",
-        (ORG, run_id, list(names)),
-    ).fetchall()
-    return [dict(r) for r in rows]
-
-
 def connection_row(sql: psycopg.Connection, connection: str) -> dict[str, Any]:
     row = sql.execute(
         "SELECT status, broken_reason, broken_at, checked_at FROM connections"
@@ -337,17 +283,10 @@ async def test_a_loop_that_sends_three_emails_sends_three(
     assert keys == [f"{run_id}/send/1", f"{run_id}/send/2", f"{run_id}/send/3"]
     assert [e["request"]["subject"] for e in entries] == ["Note 1", "Note 2", "Note 3"]
     assert len({e["response_id"] for e in entries}) == 3
-    assert [(e["effect_key"], e["status"], e["attempts"]) for e in effects_of(sql, run_id)] == [
+    assert [(e["effect_key"], e["status"], e["attempts"]) for e in run_effects(sql, run_id)] == [
         (key, "settled", 1) for key in keys
     ]
-    sends = [
-        dict(r)
-        for r in sql.execute(
-            "SELECT iteration, status, output FROM steps WHERE org_id = %s AND run_id = %s"
-            " AND step_id = 'send' ORDER BY seq",
-            (ORG, run_id),
-        ).fetchall()
-    ]
+    sends = steps(sql, run_id, "send")
     assert [(s["iteration"], s["status"]) for s in sends] == [(1, "done"), (2, "done"), (3, "done")]
     assert [s["output"]["message_id"] for s in sends] == [e["response_id"] for e in entries]
 
@@ -374,21 +313,21 @@ async def test_an_unsubscribe_between_enrolment_and_send_means_no_email_and_says
         assert await engine.wait(maya, timeout=20) == "completed"
         assert await engine.wait(sam, timeout=20) == "completed"
 
-    send = step_row(sql, maya, "send")
+    (send,) = steps(sql, maya, "send")
     assert send["status"] == "skipped"
     assert send["output"]["sent"] is False
     assert "unsubscribed" in send["output"]["reason"]
-    (skipped,) = events(sql, maya, "step_skipped")
+    (skipped,) = history(sql, maya, "step_skipped")
     assert skipped["step_id"] == "send"
     assert MAYA in skipped["detail"]["skipped"]
     assert "unsubscribed" in skipped["detail"]["skipped"]
-    assert events(sql, maya, "step_done")[-1]["step_id"] == "after"  # the run went on
-    assert effects_of(sql, maya) == []  # no effect was even claimed
+    assert history(sql, maya, "step_done")[-1]["step_id"] == "after"  # the run went on
+    assert run_effects(sql, maya) == []  # no effect was even claimed
     # only Sam, who did not unsubscribe, got his email
     [entry] = admin.ledger("email")
     assert entry["request"]["to"] == SAM
     assert entry["idempotency_key"] == f"{sam}/send/1"
-    assert step_row(sql, sam, "send")["status"] == "done"
+    assert [row["status"] for row in steps(sql, sam, "send")] == ["done"]
 
 
 # -- 4. revoked credentials park the run until the mailbox is reconnected ---------------------
@@ -405,7 +344,7 @@ async def test_a_revoked_mailbox_parks_the_run_and_restoring_it_sends_once(
         run = run_row(sql, first)
         assert "reconnect" in run["status_reason"], run
         assert "acct_1" in run["status_reason"]
-        send = step_row(sql, first, "send")
+        (send,) = steps(sql, first, "send")
         assert (send["status"], send["wait_kind"], send["attempt"]) == ("parked", "reconnect", 1)
         assert send["error"]["connection"] == mailbox
         assert send["error"]["type"] == "AuthorizationError"
@@ -417,15 +356,15 @@ async def test_a_revoked_mailbox_parks_the_run_and_restoring_it_sends_once(
         assert note["subject"] == "reconnect the email account acct_1"
         assert note["body"]["connection_id"] == mailbox
         assert admin.ledger("email") == []
-        assert effects_of(sql, first) == []  # the 401 withdrew the claim: nothing was sent
-        assert len(events(sql, first, "step_parked")) == 1
-        assert events(sql, first, "step_retry") == []  # authorisation failures are not retried
+        assert run_effects(sql, first) == []  # the 401 withdrew the claim: nothing was sent
+        assert len(history(sql, first, "step_parked")) == 1
+        assert history(sql, first, "step_retry") == []  # authorisation failures are not retried
 
         # a second run reaching the broken connection parks without calling the provider
         second = (await engine.start("send-once", {"name": "Maya"}, event_id="r2")).run_id
         assert await engine.wait(second, timeout=20) == "parked"
-        assert step_row(sql, second, "send")["wait_kind"] == "reconnect"
-        assert effects_of(sql, second) == []
+        assert [row["wait_kind"] for row in steps(sql, second, "send")] == ["reconnect"]
+        assert run_effects(sql, second) == []
         assert len(notifications(sql)) == 1  # the customer is told once, not once per run
 
         # the customer reconnects
@@ -440,11 +379,11 @@ async def test_a_revoked_mailbox_parks_the_run_and_restoring_it_sends_once(
     assert sorted(e["idempotency_key"] for e in entries) == sorted(
         [f"{first}/send/1", f"{second}/send/1"]
     )
-    send = step_row(sql, first, "send")
+    (send,) = steps(sql, first, "send")
     assert (send["status"], send["attempt"]) == ("done", 2)  # the same step, resumed
-    (resumed_event,) = events(sql, first, "step_resumed")
+    (resumed_event,) = history(sql, first, "step_resumed")
     assert resumed_event["detail"] == {"by": "reconnect", "connection_id": mailbox}
-    assert [e["status"] for e in effects_of(sql, first)] == ["settled"]
+    assert [e["status"] for e in run_effects(sql, first)] == ["settled"]
 
 
 async def test_probe_finds_a_revoked_connection_ahead_of_time(
@@ -492,10 +431,10 @@ async def test_a_503_is_retried_and_the_second_attempt_sends_once(
     [entry] = admin.ledger("email")
     key = f"{run_id}/send/1"
     assert entry["idempotency_key"] == key
-    send = step_row(sql, run_id, "send")
+    (send,) = steps(sql, run_id, "send")
     assert (send["status"], send["attempt"]) == ("done", 2)
     assert send["output"]["message_id"] == entry["response_id"]
-    (retry,) = events(sql, run_id, "step_retry")
+    (retry,) = history(sql, run_id, "step_retry")
     assert retry["detail"]["error"]["detail"]["status"] == 503
     assert 0 <= retry["detail"]["delay_s"] <= 1.0  # full jitter under the first ceiling
     effect = effect_row(sql, key)
@@ -512,14 +451,14 @@ async def test_a_429_waits_as_long_as_retry_after_says(
     run_id = await run_send_once(engine, "evt-429")
 
     assert len(admin.ledger("email")) == 1
-    (retry,) = events(sql, run_id, "step_retry")
+    (retry,) = history(sql, run_id, "step_retry")
     assert retry["detail"]["delay_s"] == pytest.approx(1.0)  # Retry-After wins over the jitter
     assert retry["detail"]["error"]["type"] == "RateLimited"
-    claims = [e for e in events(sql, run_id, "step_claimed") if e["step_id"] == "send"]
+    claims = [e for e in history(sql, run_id, "step_claimed") if e["step_id"] == "send"]
     assert [c["attempt"] for c in claims] == [1, 2]
     waited = (claims[1]["at"] - retry["at"]).total_seconds()
     assert waited >= 0.95, f"attempt 2 claimed {waited:.2f}s after the 429"
-    assert step_row(sql, run_id, "send")["attempt"] == 2
+    assert [row["attempt"] for row in steps(sql, run_id, "send")] == [2]
 
 
 async def test_a_response_lost_after_the_work_is_reconciled_not_resent(
@@ -532,13 +471,13 @@ async def test_a_response_lost_after_the_work_is_reconciled_not_resent(
     key = f"{run_id}/send/1"
     [entry] = admin.ledger("email")
     assert entry["idempotency_key"] == key
-    (retry,) = events(sql, run_id, "step_retry")
+    (retry,) = history(sql, run_id, "step_retry")
     assert retry["detail"]["error"]["type"] == "OutcomeUnknown"
     effect = effect_row(sql, key)
     assert effect is not None
     # found by reconciling (search by the effect key), not by a second attempt
     assert (effect["status"], effect["attempts"]) == ("settled", 1), effect
     assert effect["result"]["id"] == entry["response_id"]
-    send = step_row(sql, run_id, "send")
+    (send,) = steps(sql, run_id, "send")
     assert (send["status"], send["attempt"]) == ("done", 2)
     assert send["output"]["message_id"] == entry["response_id"]

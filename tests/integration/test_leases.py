@@ -17,7 +17,6 @@ import dataclasses
 import itertools
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -30,10 +29,8 @@ from onward.config import Settings
 from onward.engine import Engine
 from onward.leases import NextStep, Token
 from onward.sweep import Sweeper
-from onward.testing import eventually
-from tests.acceptance.procs import SLEEP_KIND, register_kinds, spawn_worker
-
-register_kinds()  # test.sleep, which the worker process also runs
+from onward.testing import Processes, eventually, history, run_row, step_row, steps
+from onward.testing.kinds import SLEEP_KIND  # registers test.sleep, which the process runs too
 
 
 @step_kind("leases.slow", lane="io", replace=True)
@@ -57,21 +54,11 @@ async def _quick(step: StepContext) -> dict[str, Any]:
     return {"worker": step.worker}
 
 
-def history(sql: psycopg.Connection, run_id: str, event: str | None = None) -> list[Any]:
-    return sql.execute(
-        "SELECT event_id, at, event, seq, attempt, worker, detail FROM history"
-        " WHERE run_id = %s AND (%s::text IS NULL OR event = %s) ORDER BY event_id",
-        (run_id, event, event),
-    ).fetchall()
-
-
 def snapshot(sql: psycopg.Connection, run_id: str) -> dict[str, Any]:
     """Everything a stale worker could have written about a run."""
     return {
-        "steps": sql.execute(
-            "SELECT * FROM steps WHERE run_id = %s ORDER BY seq", (run_id,)
-        ).fetchall(),
-        "run": sql.execute("SELECT * FROM runs WHERE run_id = %s", (run_id,)).fetchone(),
+        "steps": steps(sql, run_id),
+        "run": run_row(sql, run_id),
         "history": sql.execute(
             "SELECT count(*) AS n FROM history WHERE run_id = %s", (run_id,)
         ).fetchone(),
@@ -111,8 +98,8 @@ async def test_a_step_three_times_slower_than_its_lease_keeps_it_by_heartbeat(
     (done,) = history(sql, started.run_id, "step_done")
     assert done["attempt"] == 1
     assert (done["at"] - claims[0]["at"]).total_seconds() >= 3.0  # it did outlive 3 leases
-    step = sql.execute("SELECT attempt, output FROM steps WHERE run_id = %s", (started.run_id,))
-    assert step.fetchone() == {"attempt": 1, "output": {"attempt": 1}}
+    step = step_row(sql, started.run_id, 1)
+    assert (step["attempt"], step["output"]) == (1, {"attempt": 1})
 
 
 # -- (b) a stale token writes nothing ------------------------------------------------------------
@@ -220,8 +207,8 @@ async def test_a_worker_whose_lease_was_taken_over_cannot_write(
             lease=30.0,
         )
     assert res is not None and res["status"] == "completed"
-    step = sql.execute("SELECT status, attempt, output FROM steps WHERE run_id = %s", (run_id,))
-    assert step.fetchone() == {"status": "done", "attempt": 2, "output": {"from": "b"}}
+    step = step_row(sql, run_id, 1)
+    assert (step["status"], step["attempt"], step["output"]) == ("done", 2, {"from": "b"})
 
 
 async def test_a_released_step_fences_its_old_token_too(
@@ -328,7 +315,7 @@ async def test_lease_times_come_from_the_database_not_the_worker_clock(
 
 
 async def test_a_worker_with_a_clock_ten_minutes_fast_neither_steals_nor_shortens_leases(
-    engine: Engine, sql: psycopg.Connection, db_url: str, tmp_path: Path
+    engine: Engine, settings: Settings, sql: psycopg.Connection, processes: Processes
 ) -> None:
     await engine.publish(Automation("held").step("hold", SLEEP_KIND, seconds=60).build())
     await engine.publish(Automation("probe").step("probe", SLEEP_KIND, seconds=2).build())
@@ -340,58 +327,47 @@ async def test_a_worker_with_a_clock_ten_minutes_fast_neither_steals_nor_shorten
     held_before = snapshot(sql, held.run_id)
 
     lease, beat = 3.0, 0.5
-    wp = spawn_worker(
-        db_url,
-        "skewed",
-        log_dir=tmp_path,
-        clock_offset="+600",
-        sweeper=True,
-        lease=lease,
-        heartbeat=beat,
+    own = dataclasses.replace(
+        settings, lease_seconds=lease, heartbeat_seconds=beat, shutdown_grace_seconds=1.0
     )
-    try:
-        probe = await engine.start("probe", {}, event_id="probe-1")
+    wp = processes.worker(
+        own, "skewed", clock_offset="+600", sweeper=True, kinds=("onward.testing.kinds",)
+    )
+    probe = await engine.start("probe", {}, event_id="probe-1")
 
-        async def probe_running() -> bool:
-            assert wp.alive(), wp.log_text()
-            return bool(history(sql, probe.run_id, "step_claimed"))
+    async def probe_running() -> bool:
+        assert wp.alive(), wp.log_text()
+        return bool(history(sql, probe.run_id, "step_claimed"))
 
-        await eventually(probe_running, timeout=20, what="the skewed worker claiming")
-        # its own lease is as long as configured, by the database clock
-        for _ in range(3):
-            left = seconds_left(sql, probe.run_id)
-            assert lease - beat - 0.5 <= left <= lease + 0.01, left
-            await asyncio.sleep(beat)
+    await eventually(probe_running, timeout=20, what="the skewed worker claiming")
+    # its own lease is as long as configured, by the database clock
+    for _ in range(3):
+        left = seconds_left(sql, probe.run_id)
+        assert lease - beat - 0.5 <= left <= lease + 0.01, left
+        await asyncio.sleep(beat)
 
-        async def probe_done() -> bool:
-            return await engine.status(probe.run_id) == "completed"
+    async def probe_done() -> bool:
+        return await engine.status(probe.run_id) == "completed"
 
-        await eventually(probe_done, timeout=20, what="the probe run completing")
-        leader = sql.execute(
-            "SELECT holder, extract(epoch FROM lease_until - now())::float8 AS left"
-            " FROM leader_leases WHERE name = 'sweeper'"
-        ).fetchone()
-        assert leader is not None and leader["holder"] == "skewed", leader
-        assert leader["left"] > 1.0, leader  # its leadership lease is not cut short either
+    await eventually(probe_done, timeout=20, what="the probe run completing")
+    leader = sql.execute(
+        "SELECT holder, extract(epoch FROM lease_until - now())::float8 AS left"
+        " FROM leader_leases WHERE name = 'sweeper'"
+    ).fetchone()
+    assert leader is not None and leader["holder"] == "skewed", leader
+    assert leader["left"] > 1.0, leader  # its leadership lease is not cut short either
 
-        out = sql.execute(
-            "SELECT output, extract(epoch FROM now())::float8 AS db_now FROM steps"
-            " WHERE run_id = %s",
-            (probe.run_id,),
-        ).fetchone()
-        assert out is not None
-        assert out["output"]["worker"] == "skewed"
-        skew = out["output"]["clock"] - out["db_now"]
-        assert 590 < skew < 610, f"the worker's clock was not skewed ({skew:.0f}s)"
-    finally:
-        wp.terminate()
-
-        async def gone() -> bool:
-            return not wp.alive()
-
-        await eventually(gone, timeout=10, what="the skewed worker exiting")
-        wp.close()
-    assert wp.proc.returncode == 0, wp.log_text()
+    out = sql.execute(
+        "SELECT output, extract(epoch FROM now())::float8 AS db_now FROM steps WHERE run_id = %s",
+        (probe.run_id,),
+    ).fetchone()
+    assert out is not None
+    assert out["output"]["worker"] == "skewed"
+    skew = out["output"]["clock"] - out["db_now"]
+    assert 590 < skew < 610, f"the worker's clock was not skewed ({skew:.0f}s)"
+    wp.terminate()
+    await wp.exited(timeout=10)
+    assert wp.returncode == 0, wp.log_text()
 
     # worker A's live lease was neither rescued, nor claimed, nor shortened
     assert snapshot(sql, held.run_id) == held_before
@@ -512,20 +488,15 @@ async def test_a_step_whose_params_no_longer_parse_fails_instead_of_being_reclai
             try:
                 status = await eventually(ended, timeout=6, what="the run failing or parking")
             except AssertionError:
-                row = sql.execute(
-                    "SELECT status, attempt FROM steps WHERE run_id = %s", (started.run_id,)
-                ).fetchone()
+                row = step_row(sql, started.run_id, 1)
                 raise AssertionError(
-                    f"after 6 s the step is still {row and row['status']!r}, claimed "
-                    f"{row and row['attempt']} times: an exception escaped the worker, and the "
+                    f"after 6 s the step is still {row['status']!r}, claimed "
+                    f"{row['attempt']} times: an exception escaped the worker, and the "
                     "step goes round lease lapse -> rescue -> claim forever"
                 ) from None
-    attempts = sql.execute("SELECT attempt FROM steps WHERE run_id = %s", (started.run_id,))
-    assert attempts.fetchone() == {"attempt": 1}
-    reason = sql.execute(
-        "SELECT status_reason FROM runs WHERE run_id = %s", (started.run_id,)
-    ).fetchone()
+    assert step_row(sql, started.run_id, 1)["attempt"] == 1
+    reason = run_row(sql, started.run_id)["status_reason"]
     # failed or parked for a person are both one durable, explained answer
     assert status in ("failed", "parked")
-    assert reason is not None and "template" in reason["status_reason"], reason
+    assert "template" in reason, reason
     assert history(sql, started.run_id, "lease_expired") == []

@@ -17,6 +17,7 @@ from onward.queue.base import OnReconnect, OnWake, Wake
 from onward.queue.postgres import PostgresQueue
 from onward.sweep import Q as SWEEP_Q
 from onward.sweep import Sweeper, SweepLimits
+from onward.testing import assert_nothing_applied_twice, eventually
 
 WAIT_FLOW = (
     Automation("pause")
@@ -37,20 +38,6 @@ async def _all_completed(engine: Engine, run_ids: list[str], timeout: float = 30
         assert await engine.wait(run_id, timeout=timeout) == "completed"
 
 
-def _no_transition_twice(sql: psycopg.Connection) -> None:
-    twice = sql.execute(
-        """SELECT run_id, seq, attempt, event, count(*) AS n FROM history
-           WHERE event IN ('step_claimed', 'step_done', 'timer_fired', 'step_waiting')
-           GROUP BY run_id, seq, attempt, event HAVING count(*) > 1"""
-    ).fetchall()
-    assert twice == []
-    fired_twice = sql.execute(
-        """SELECT detail->>'timer_id' AS t, count(*) FROM history WHERE event = 'timer_fired'
-           GROUP BY 1 HAVING count(*) > 1"""
-    ).fetchall()
-    assert fired_twice == []
-
-
 async def test_with_the_queue_off_runs_finish_through_the_sweep(
     settings: Settings, sql: psycopg.Connection
 ) -> None:
@@ -62,7 +49,7 @@ async def test_with_the_queue_off_runs_finish_through_the_sweep(
     fired_by = sql.execute("SELECT DISTINCT fired_by FROM timers").fetchall()
     assert [r["fired_by"] for r in fired_by] == ["sweep"]
     assert sql.execute("SELECT count(*) AS n FROM timers").fetchone()["n"] == 10
-    _no_transition_twice(sql)
+    assert_nothing_applied_twice(sql)
 
 
 class TriplingQueue(PostgresQueue):
@@ -86,7 +73,7 @@ async def test_every_wake_delivered_three_times_changes_nothing_twice(
         run_ids = await _start_many(engine, 20)
         async with engine.running():
             await _all_completed(engine, run_ids)
-    _no_transition_twice(sql)
+    assert_nothing_applied_twice(sql)
     # three steps per run (before, wait, after), each done exactly once
     per_run = sql.execute(
         "SELECT run_id, count(*) AS n FROM history WHERE event = 'step_done' GROUP BY run_id"
@@ -179,8 +166,6 @@ async def test_doctor_finds_a_waiting_run_without_a_timer(
 
         async def waiting() -> bool:
             return await engine.status(run_ids[0]) == "waiting"
-
-        from onward.testing import eventually
 
         await eventually(waiting)
     healthy = {c.name: c.ok for c in await run_checks(engine)}

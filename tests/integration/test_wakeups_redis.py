@@ -3,15 +3,10 @@ still finishes once (R2, R7, R16). Uses Redis logical database 14 and a unique k
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
 import secrets
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,12 +14,11 @@ import redis
 
 from onward.config import Settings
 from onward.engine import Engine
-from onward.testing import eventually
+from onward.testing import Processes, assert_nothing_applied_twice, eventually
 from tests.conftest import REDIS_URL
-from tests.integration.test_wakeups import WAIT_FLOW, _no_transition_twice
+from tests.integration.test_wakeups import WAIT_FLOW
 
 REDIS_DB14 = REDIS_URL.rsplit("/", 1)[0] + "/14"
-RELAY = str(Path(__file__).parents[1] / "acceptance" / "relay_proc.py")
 
 
 @pytest.fixture
@@ -58,7 +52,7 @@ async def test_redis_flushed_in_the_middle_of_200_runs_all_finish_once(
             client.close()
             for run_id in run_ids:
                 assert await engine.wait(run_id, timeout=60) == "completed"
-    _no_transition_twice(sql)
+    assert_nothing_applied_twice(sql)
     per_run = sql.execute(
         "SELECT count(*) AS n FROM history WHERE event = 'step_done' GROUP BY run_id"
     ).fetchall()
@@ -66,22 +60,18 @@ async def test_redis_flushed_in_the_middle_of_200_runs_all_finish_once(
 
 
 async def test_relay_killed_between_publish_and_mark_sent_is_harmless(
-    redis_settings: Settings, db_url: str, sql: psycopg.Connection
+    redis_settings: Settings, sql: psycopg.Connection, processes: Processes
 ) -> None:
     async with Engine.open(redis_settings, migrate=False) as engine:
         await engine.publish(WAIT_FLOW)
         run_ids = [
             (await engine.start("pause", {"i": i}, event_id=f"e{i}")).run_id for i in range(20)
         ]
-        env = {**os.environ, "ONWARD_CRASH_AT": "relay.after_publish"}
-        proc = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, RELAY, db_url, REDIS_DB14, redis_settings.queue_prefix],
-            env=env,
-            timeout=60,
-            capture_output=True,
+        # a process running only the relay, killed at the crash point after its first publish
+        relay = processes.worker(
+            redis_settings, "relay", worker=False, crash_at="relay.after_publish"
         )
-        assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+        assert await relay.exited(timeout=60) == -signal.SIGKILL, relay.tail(2000)
         # the wakes were published, but the rows are still unsent: they will be published again
         unsent = sql.execute("SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL").fetchone()
         assert unsent["n"] == 20
@@ -91,7 +81,7 @@ async def test_relay_killed_between_publish_and_mark_sent_is_harmless(
         async with engine.running():
             for run_id in run_ids:
                 assert await engine.wait(run_id, timeout=60) == "completed"
-    _no_transition_twice(sql)
+    assert_nothing_applied_twice(sql)
     assert (
         sql.execute("SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL").fetchone()["n"] == 0
     )

@@ -37,7 +37,8 @@ Step kinds for tests (:mod:`onward.testing.kinds`)
 
 Rows (:mod:`onward.testing.rows`)
     Readers: ``history(conn, run_id, *events, seq=)``, ``step_row(conn, run_id, seq)`` (with
-    ``lapsed``), ``run_row(conn, run_id)``, ``effect_row(conn, key)``. Checks:
+    ``lapsed``), ``steps(conn, run_id, step_id=None)``, ``run_row(conn, run_id)``,
+    ``effect_row(conn, key)``, ``run_effects(conn, run_id)``. Checks:
     ``double_transitions(conn, org=)`` -> ``{check: count}`` of everything applied twice (a
     claim, done, wait or timer firing twice for one attempt, a step done twice, a timer fired
     twice, a run completed twice, a step settled by a stale attempt, two step rows at one
@@ -60,9 +61,11 @@ from onward.testing.rows import (
     effect_row,
     history,
     lost_runs,
+    run_effects,
     run_row,
     runs_without_way_forward,
     step_row,
+    steps,
     unfinished_runs,
 )
 from onward.testing.waiting import eventually, eventually_sync
@@ -81,10 +84,12 @@ __all__ = [
     "loaded_modules",
     "lost_runs",
     "process_env",
+    "run_effects",
     "run_python",
     "run_row",
     "runs_without_way_forward",
     "step_row",
+    "steps",
     "unfinished_runs",
     "with_database",
     "with_query",

@@ -63,6 +63,18 @@ def step_row(
     return row
 
 
+def steps(
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    step_id: str | None = None,
+    *,
+    org: str | None = None,
+) -> list[Row]:
+    """Every column of a run's step rows, by position: only ``step_id``'s when given (a step
+    visited again by a loop, or ``(row,) = steps(conn, run_id, "send")`` to say it has one)."""
+    return _all(conn, Q.steps, {"run_id": run_id, "step_id": step_id, "org": org})
+
+
 def run_row(conn: psycopg.Connection[Any], run_id: str, *, org: str | None = None) -> Row:
     """Every column of one run."""
     row = _one(conn, Q.run_row, {"run_id": run_id, "org": org})
@@ -73,6 +85,11 @@ def run_row(conn: psycopg.Connection[Any], run_id: str, *, org: str | None = Non
 def effect_row(conn: psycopg.Connection[Any], key: str, *, org: str | None = None) -> Row | None:
     """Every column of the effect with this key, or None."""
     return _one(conn, Q.effect_row, {"key": key, "org": org})
+
+
+def run_effects(conn: psycopg.Connection[Any], run_id: str, *, org: str | None = None) -> list[Row]:
+    """Every column of a run's effects, by key."""
+    return _all(conn, Q.run_effects, {"run_id": run_id, "org": org})
 
 
 def double_transitions(conn: psycopg.Connection[Any], *, org: str | None = None) -> dict[str, int]:

@@ -18,6 +18,14 @@ FROM steps s
 WHERE s.run_id = %(run_id)s AND s.seq = %(seq)s
   AND (%(org)s::text IS NULL OR s.org_id = %(org)s);
 
+-- name: steps
+-- A run's step rows, by position: only one step id's rows when given.
+SELECT * FROM steps
+WHERE run_id = %(run_id)s
+  AND (%(org)s::text IS NULL OR org_id = %(org)s)
+  AND (%(step_id)s::text IS NULL OR step_id = %(step_id)s::text)
+ORDER BY seq;
+
 -- name: run_row
 -- One run.
 SELECT * FROM runs
@@ -27,6 +35,12 @@ WHERE run_id = %(run_id)s AND (%(org)s::text IS NULL OR org_id = %(org)s);
 -- One effect, by its key.
 SELECT * FROM effects
 WHERE effect_key = %(key)s AND (%(org)s::text IS NULL OR org_id = %(org)s);
+
+-- name: run_effects
+-- A run's effects, by key.
+SELECT * FROM effects
+WHERE run_id = %(run_id)s AND (%(org)s::text IS NULL OR org_id = %(org)s)
+ORDER BY effect_key;
 
 -- name: unfinished_runs
 -- Runs neither finished nor parked for a person.
