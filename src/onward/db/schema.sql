@@ -220,10 +220,10 @@ CREATE OR REPLACE FUNCTION public.onward_step_wake_id(run_id text, seq integer, 
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-RETURN ((((('wake:'::text || run_id) || ':'::text) || seq) || ':'::text) || attempt);
+RETURN ((((('wake:'::text || run_id) || ':'::text) || (seq)::text) || ':'::text) || (attempt)::text);
 
 CREATE OR REPLACE FUNCTION public.onward_timer_wake_id(org_id text, timer_id bigint, wake_n integer)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-RETURN ((((('timer:'::text || org_id) || ':'::text) || timer_id) || ':'::text) || wake_n);
+RETURN ((((('timer:'::text || org_id) || ':'::text) || (timer_id)::text) || ':'::text) || (wake_n)::text);

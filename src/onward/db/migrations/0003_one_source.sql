@@ -4,15 +4,17 @@
 -- Wake job ids (R16). A step wake names the attempt it invites, a timer wake its wake number:
 -- a queue that keeps finished job ids (BullMQ, the Redis adapter) silently drops a job whose id
 -- it has seen, so an id without them would swallow the second wake of a retried step.
--- IMMUTABLE SQL functions: the planner inlines them, so they cost nothing on the hot path.
+-- IMMUTABLE SQL functions the planner inlines, so they cost nothing on the hot path. Their
+-- bodies must be immutable too (explicit ::text casts: `integer || text` goes through a STABLE
+-- operator, which would stop the inlining and cost a function call per row).
 -- onward.ids builds the same strings in Python (tests compare the two).
 CREATE FUNCTION onward_step_wake_id(run_id text, seq integer, attempt integer)
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 'wake:' || run_id || ':' || seq || ':' || attempt;
+RETURN 'wake:' || run_id || ':' || seq::text || ':' || attempt::text;
 
 CREATE FUNCTION onward_timer_wake_id(org_id text, timer_id bigint, wake_n integer)
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 'timer:' || org_id || ':' || timer_id || ':' || wake_n;
+RETURN 'timer:' || org_id || ':' || timer_id::text || ':' || wake_n::text;
 
 ALTER TABLE history ADD CONSTRAINT history_event_known CHECK (event IN (
     'run_started',      -- start_run: a new run and its first step
