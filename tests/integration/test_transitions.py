@@ -164,3 +164,18 @@ async def test_retry_after_date_is_compared_with_the_database_clock(
         "SELECT detail FROM history WHERE run_id = %s AND event = 'step_retry'", (run_later,)
     ).fetchall()
     assert retry["detail"]["delay_s"] == pytest.approx(3600, abs=60)
+
+
+@pytest.mark.parametrize(
+    ("call", "prefix"),
+    [
+        ("onward_step_wake_id(x::text, 1, 2)", "'wake:'"),
+        ("onward_timer_wake_id('o', x::bigint, 3)", "'timer:o:'"),
+    ],
+)
+def test_wake_id_functions_are_inlined(sql: psycopg.Connection, call: str, prefix: str) -> None:
+    """They sit on the hot path (every start and every announced step): the planner must
+    inline them into plain concatenation, not call a function per row."""
+    plan = sql.execute(f"EXPLAIN VERBOSE SELECT {call} FROM generate_series(1, 2) AS x").fetchall()
+    output = " ".join(str(row["QUERY PLAN"]) for row in plan)
+    assert "onward_" not in output and prefix in output, output
