@@ -74,7 +74,7 @@ CREATE TABLE history (
     attempt integer,
     worker text,
     detail jsonb,
-    CONSTRAINT history_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text]))),
+    CONSTRAINT history_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text]))),
     CONSTRAINT history_pkey PRIMARY KEY (org_id, run_id, event_id)
 );
 
@@ -214,6 +214,7 @@ CREATE TABLE timers (
     CONSTRAINT timers_purpose_check CHECK ((purpose = ANY (ARRAY['wait'::text, 'deadline'::text, 'retry'::text])))
 );
 CREATE INDEX timers_by_step ON public.timers USING btree (org_id, run_id, seq);
+CREATE INDEX timers_calendar_pending ON public.timers USING btree (org_id, timer_id) WHERE ((fired_at IS NULL) AND (intent ? 'rule'::text));
 CREATE INDEX timers_due ON public.timers USING btree (org_id, due_at) WHERE (fired_at IS NULL);
 
 CREATE OR REPLACE FUNCTION public.onward_step_wake_id(run_id text, seq integer, attempt integer)
