@@ -257,3 +257,59 @@ def spread_offset(key: str, spread_s: float) -> float:
         return 0.0
     digest = hashlib.sha256(key.encode()).digest()
     return (int.from_bytes(digest[:8], "big") % int(spread_s * 1000)) / 1000
+
+
+#: The spread of a calendar wait unless its step says otherwise (R8): 10 minutes.
+DEFAULT_SPREAD_S = 600.0
+
+
+def plan(
+    rule_source: str, zone_name: str, after: datetime, *, spread_s: float, key: str
+) -> tuple[datetime, dict[str, Any]] | None:
+    """When a calendar wait that began at ``after`` is due, and the intent to store with it.
+
+    The instant is the rule's next occurrence in the zone (through :func:`resolve`) plus the
+    spread offset of ``key`` (the run id). The intent holds everything that made it -- rule,
+    zone, the reference instant, the spread -- so :func:`plan` with the same inputs gives the
+    same instant again (recomputation), and with a new zone or rule moves it. None: the rule
+    has no occurrence after ``after``."""
+    occ = next_occurrence(parse_rule(rule_source), zone(zone_name), after)
+    if occ is None:
+        return None
+    offset = spread_offset(key, spread_s)
+    due = occ.utc + timedelta(seconds=offset)
+    intent = {
+        "rule": rule_source,
+        "zone": zone_name,
+        "after": after.astimezone(UTC).isoformat(),
+        **occ.as_dict(),
+        "spread_s": spread_s,
+        "offset_s": offset,
+        "due_at": due.isoformat(),
+    }
+    return due, intent
+
+
+def preview(
+    rule_source: str,
+    zone_name: str,
+    after: datetime,
+    count: int,
+    *,
+    spread_s: float = 0.0,
+    key: str | None = None,
+) -> list[dict[str, Any]]:
+    """The next ``count`` occurrences, as a person checks a schedule before publishing it:
+    local and UTC, the DST substitution where one applies, and the spread -- the exact offset
+    for ``key`` (a run id), or the window it falls in."""
+    rule, tz = parse_rule(rule_source), zone(zone_name)
+    offset = spread_offset(key, spread_s) if key is not None else None
+    out = []
+    for occ in occurrences(rule, tz, after, count):
+        item = occ.as_dict()
+        item["spread_s"] = spread_s
+        if offset is not None:
+            item["offset_s"] = offset
+            item["due_at"] = (occ.utc + timedelta(seconds=offset)).isoformat()
+        out.append(item)
+    return out

@@ -785,6 +785,12 @@ def chaos(
         raise typer.Exit(1)
 
 
+# -- command groups in their own modules -------------------------------------------------------
+
+from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
+
+app.add_typer(timers_app)
+
 # -- entry point -----------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
+from onward import timers
 from onward.automations.document import AutomationDoc
 from onward.automations.versions import Published, VersionCache, publish, publish_all
 from onward.config import Settings
@@ -153,6 +154,35 @@ class Engine:
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"run {run_id} still {status} after {timeout}s")
             await asyncio.sleep(poll)
+
+    # -- calendar timers (R6) --------------------------------------------------------------
+    async def recompute_timers(
+        self,
+        *,
+        run_id: str | None = None,
+        contact_id: str | None = None,
+        automation_id: str | None = None,
+        step_id: str | None = None,
+        zone: str | None = None,
+        rule: str | None = None,
+        every_organisation: bool = False,
+    ) -> timers.Recomputed:
+        """Recompute this organisation's pending calendar timers (narrowed to a run, a contact
+        or an automation's step), with a new zone or rule when given; or, with
+        ``every_organisation``, every pending calendar timer as it is (after a tz database
+        update). Each move is in its run's history (``timer_moved``) and bumps the timer's
+        wake number, so the old wake does nothing."""
+        return await timers.recompute(
+            self.pool,
+            None if every_organisation else self.org_id,
+            run_id=run_id,
+            contact_id=contact_id,
+            automation_id=automation_id,
+            step_id=step_id,
+            zone=zone,
+            rule=rule,
+            worker=self.id,
+        )
 
     # -- background tasks ------------------------------------------------------------------
     def background(

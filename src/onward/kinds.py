@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
 
 from onward import ids
-from onward.automations.document import RetryPolicy, StepDef
+from onward.automations.document import AutomationDoc, RetryPolicy, StepDef
 
 LANES = ("fast", "io", "slow", "wait")
 
@@ -41,11 +42,14 @@ class Advance:
 
 @dataclass
 class Wait:
-    """Wait until ``due_in`` seconds from now (by the database clock) and then call the kind
-    again with ``step.wake`` set. ``intent`` is stored as asked, for recomputation (R6)."""
+    """Wait until ``due_in`` seconds from now (by the database clock), or until the instant
+    ``due_at`` (aware; computed from ``step.now``, the database's clock), and then call the
+    kind again with ``step.wake`` set. ``intent`` is stored beside the instant, as asked, so
+    the instant can be recomputed (R6)."""
 
-    due_in: float
+    due_in: float = 0.0
     intent: dict[str, Any] = field(default_factory=dict)
+    due_at: datetime | None = None
 
 
 Outcome = Advance | Wait
@@ -72,6 +76,10 @@ class StepContext:
     wake: dict[str, Any] | None
     definition: StepDef
     lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the database's clock when this step was claimed: compute instants from it, never from
+    #: this process's clock
+    now: datetime | None = None
+    automation: AutomationDoc | None = None  # the version this run follows
     integrations: Any = None  # the engine's connections and effect store (onward.connections)
 
     @property
@@ -107,6 +115,7 @@ class KindSpec:
     check: Checker = _no_checks
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     contacts_person: bool = False  # consent is checked at run time for these (R14)
+    needs_zone: bool = False  # its params name a zone, or the automation's timezone serves
 
     def parse_params(self, raw: dict[str, Any]) -> Any:
         if self.params is None:
@@ -157,6 +166,7 @@ def step_kind(
     check: Checker | None = None,
     retry: RetryPolicy | None = None,
     contacts_person: bool = False,
+    needs_zone: bool = False,
     replace: bool = False,
     into: Registry | None = None,
 ) -> Callable[[Handler], Handler]:
@@ -173,6 +183,7 @@ def step_kind(
                 check=check or _no_checks,
                 retry=retry or RetryPolicy(),
                 contacts_person=contacts_person,
+                needs_zone=needs_zone,
             ),
             replace=replace,
         )

@@ -147,11 +147,25 @@ async def settle_advance(
 
 
 async def settle_wait_timer(
-    conn: Conn, token: Token, *, worker: str, due_in: float, intent: dict[str, Any]
+    conn: Conn,
+    token: Token,
+    *,
+    worker: str,
+    due_in: float,
+    intent: dict[str, Any],
+    due_at: datetime | None = None,
 ) -> dict[str, Any] | None:
+    """The step waits on a timer due ``due_in`` seconds from the database's now, or at the
+    instant ``due_at``; None: the lease was lost."""
     cur = await conn.execute(
         Q.settle_wait_timer,
-        {**token.args(), "worker": worker, "due_in": due_in, "intent": Jsonb(intent)},
+        {
+            **token.args(),
+            "worker": worker,
+            "due_in": due_in,
+            "intent": Jsonb(intent),
+            "due_at": due_at,
+        },
     )
     return await cur.fetchone()
 

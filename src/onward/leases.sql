@@ -24,7 +24,8 @@ hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)
     SELECT org_id, run_id, 'step_claimed', seq, step_id, attempt, %(worker)s FROM claimed
 )
-SELECT c.*, r.automation_id, r.version, r.input, r.ctx, r.visits, r.steps_executed,
+SELECT c.*, now() AS db_now, r.automation_id, r.version, r.input, r.ctx, r.visits,
+       r.steps_executed,
        r.max_steps, r.cancel_requested_at IS NOT NULL AS cancel_requested,
        r.steps_executed >= r.max_steps AS over_steps, now() > r.deadline_at AS over_age
 FROM claimed c JOIN runs r ON r.org_id = c.org_id AND r.run_id = c.run_id;
@@ -83,7 +84,7 @@ run AS (
         updated_at = now()
     FROM dx
     WHERE r.org_id = dx.org_id AND r.run_id = dx.run_id
-    RETURNING r.org_id, r.run_id, r.status, r.steps_executed, r.max_steps,
+    RETURNING r.org_id, r.run_id, r.status, r.steps_executed, r.max_steps, now() AS db_now,
               now() > r.deadline_at AS over_age,
               r.cancel_requested_at IS NOT NULL AS cancel_requested
 ),
@@ -145,7 +146,8 @@ WITH w AS (
 ),
 t AS (
     INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at)
-    SELECT org_id, run_id, seq, 'wait', %(intent)s, now() + make_interval(secs => %(due_in)s)
+    SELECT org_id, run_id, seq, 'wait', %(intent)s,
+           coalesce(%(due_at)s::timestamptz, now() + make_interval(secs => %(due_in)s))
     FROM w
     RETURNING org_id, timer_id, run_id, seq, due_at, wake_n
 ),
@@ -153,16 +155,10 @@ run AS (
     UPDATE runs r SET status = 'waiting', updated_at = now()
     FROM w WHERE r.org_id = w.org_id AND r.run_id = w.run_id
 ),
-org AS (
-    UPDATE organisations SET has_due_work = true
-    WHERE org_id = %(org_id)s AND NOT has_due_work AND EXISTS (SELECT 1 FROM t)
+timer_due AS (
+    SELECT t.org_id, t.timer_id, t.run_id, t.seq, t.wake_n, t.due_at, w.lane FROM t JOIN w ON true
 ),
-wake AS (
-    INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)
-    SELECT t.org_id, 'timer', onward_timer_wake_id(t.org_id, t.timer_id, t.wake_n), w.lane,
-           jsonb_build_object('timer_id', t.timer_id, 'run_id', t.run_id, 'seq', t.seq), t.due_at
-    FROM t JOIN w ON true
-),
+{{announce_timer}},
 hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT w.org_id, w.run_id, 'step_waiting', w.seq, w.step_id, %(attempt)s, %(worker)s,

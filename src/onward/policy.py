@@ -55,10 +55,12 @@ class Proceed:
 
 @dataclass(frozen=True)
 class WaitTimer:
-    """The step waits until ``due_in`` seconds from now by the database clock."""
+    """The step waits until ``due_in`` seconds from now by the database clock, or until the
+    instant ``due_at`` when the kind computed one (a calendar rule)."""
 
     due_in: float
     intent: dict[str, Any]
+    due_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ def after_result(
     """The handler answered ``result``: a plain value (done, follow ``next``), an ``Advance``
     (done, maybe choosing ``next``) or a ``Wait``."""
     if isinstance(result, Wait):
-        return WaitTimer(result.due_in, result.intent)
+        return WaitTimer(result.due_in, _as_stored(result.intent), result.due_at)
     adv = result if isinstance(result, Advance) else Advance(output=result)
     try:
         output, new_vars = _as_stored(adv.output), _as_stored(adv.vars or {})

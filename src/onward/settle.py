@@ -122,7 +122,7 @@ class Settler:
     async def wait(self, token: Token, t: WaitTimer) -> bool:
         async with self.pool.connection() as conn:
             row = await leases.settle_wait_timer(
-                conn, token, worker=self.worker, due_in=t.due_in, intent=t.intent
+                conn, token, worker=self.worker, due_in=t.due_in, intent=t.intent, due_at=t.due_at
             )
         crash_point("worker.after_wait")
         return row is not None

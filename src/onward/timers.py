@@ -1,4 +1,5 @@
-"""Timers (R6, R7): written by a waiting step (leases.sql ``settle_wait_timer``), fired here.
+"""Timers (R6, R7): written by a waiting step (leases.sql ``settle_wait_timer``), fired and
+recomputed here.
 
 A timer fires exactly once: ``fired_at IS NULL`` is the claim, whoever comes first -- the
 delayed wake job (fast path, ``by='wake'``) or the due sweep (backstop, ``by='sweep'``).
@@ -8,21 +9,191 @@ row that wakes a worker of its lane, all in one statement.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from onward.db import Conn
+from psycopg.types.json import Jsonb
+
+from onward import calendar
+from onward.db import Conn, Pool
 from onward.db.sql import Queries
+from onward.errors import InvalidInput
 
 Q = Queries(__package__, "timers.sql")
 
 
-async def fire(conn: Conn, timers: Sequence[tuple[str, int]], *, by: str) -> list[dict[str, Any]]:
-    """Fire these (org_id, timer_id) if still unfired; returns the ones this call fired."""
+async def fire(
+    conn: Conn, timers: Sequence[tuple[str, int] | tuple[str, int, int | None]], *, by: str
+) -> list[dict[str, Any]]:
+    """Fire these ``(org_id, timer_id[, wake_n])`` if still unfired; returns the ones this
+    call fired. A wake names the timer's wake number: once the timer was recomputed (a new
+    ``wake_n``) the old wake fires nothing. The sweep passes no wake number."""
     if not timers:
         return []
     cur = await conn.execute(
         Q.fire,
-        {"org_ids": [t[0] for t in timers], "timer_ids": [t[1] for t in timers], "by": by},
+        {
+            "org_ids": [t[0] for t in timers],
+            "timer_ids": [t[1] for t in timers],
+            "wake_ns": [t[2] if len(t) > 2 else None for t in timers],
+            "by": by,
+        },
     )
     return list(await cur.fetchall())
+
+
+@dataclass
+class Recomputed:
+    """What a recomputation did: timers examined, moved (a new instant or intent, a new wake
+    number, a ``timer_moved`` history row), unchanged, and left as they were because the new
+    inputs give no occurrence; and how long it took."""
+
+    examined: int = 0
+    moved: int = 0
+    unchanged: int = 0
+    no_occurrence: int = 0
+    seconds: float = 0.0
+    sample: list[dict[str, Any]] = field(default_factory=list)  # the first moves, for display
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "examined": self.examined,
+            "moved": self.moved,
+            "unchanged": self.unchanged,
+            "no_occurrence": self.no_occurrence,
+            "seconds": round(self.seconds, 3),
+            "sample": self.sample,
+        }
+
+
+async def recompute(
+    pool: Pool,
+    org_id: str | None,
+    *,
+    run_id: str | None = None,
+    contact_id: str | None = None,
+    automation_id: str | None = None,
+    step_id: str | None = None,
+    zone: str | None = None,
+    rule: str | None = None,
+    reason: str | None = None,
+    worker: str = "recompute",
+    batch: int = 2000,
+) -> Recomputed:
+    """Recompute pending calendar timers (R6) from their stored intent, with a new ``zone``
+    (a contact moved) or ``rule`` (the automation's schedule changed) when given, or as they
+    are (``org_id=None``: every organisation, after a tz database update). Each timer whose
+    instant or intent changes is moved with its reference instant and spread kept, so the
+    same inputs always give the same instant and offset. Raises ``InvalidInput`` for a zone
+    or rule that cannot be used, before anything changes."""
+    try:
+        if zone is not None:
+            calendar.zone(zone)
+        if rule is not None:
+            calendar.parse_rule(rule)
+    except calendar.RuleError as exc:
+        raise InvalidInput(str(exc)) from None
+    if org_id is None and any(v is not None for v in (run_id, contact_id, automation_id, step_id)):
+        raise InvalidInput("recomputing every organisation takes no run, contact or automation")
+    why = reason or _reason(zone, rule)
+    done = Recomputed()
+    started = time.perf_counter()
+    after_org, after = "", 0
+    while True:
+        async with pool.connection() as conn:
+            if org_id is None:
+                cur = await conn.execute(
+                    Q.pending_calendar_all, {"after_org": after_org, "after": after, "limit": batch}
+                )
+            else:
+                cur = await conn.execute(
+                    Q.pending_calendar,
+                    {
+                        "org_id": org_id,
+                        "after": after,
+                        "run_id": run_id,
+                        "contact_id": contact_id,
+                        "automation_id": automation_id,
+                        "step_id": step_id,
+                        "limit": batch,
+                    },
+                )
+            rows = await cur.fetchall()
+            if not rows:
+                break
+            after_org, after = rows[-1]["org_id"], rows[-1]["timer_id"]
+            moves = [m for r in rows if (m := _replan(r, zone, rule, done)) is not None]
+            if moves:
+                cur = await conn.execute(
+                    Q.move,
+                    {
+                        "org_ids": [m["org_id"] for m in moves],
+                        "timer_ids": [m["timer_id"] for m in moves],
+                        "wake_ns": [m["wake_n"] for m in moves],
+                        "old_dues": [m["old_due"] for m in moves],
+                        "new_dues": [m["new_due"] for m in moves],
+                        "intents": [Jsonb(m["intent"]) for m in moves],
+                        "worker": worker,
+                        "reason": why,
+                    },
+                )
+                moved = await cur.fetchall()
+                done.moved += len(moved)
+                for m in moves[: max(0, 20 - len(done.sample))]:
+                    done.sample.append(
+                        {
+                            "org_id": m["org_id"],
+                            "timer_id": m["timer_id"],
+                            "run_id": m["run_id"],
+                            "from": m["old_due"].isoformat(),
+                            "to": m["new_due"].isoformat(),
+                        }
+                    )
+        if len(rows) < batch:
+            break
+    done.seconds = time.perf_counter() - started
+    return done
+
+
+def _reason(zone: str | None, rule: str | None) -> str:
+    parts = [f"zone {zone}" if zone else "", f"rule {rule!r}" if rule else ""]
+    changed = " and ".join(p for p in parts if p)
+    return f"{changed} changed" if changed else "recomputed (tz database)"
+
+
+def _replan(
+    row: dict[str, Any], zone: str | None, rule: str | None, done: Recomputed
+) -> dict[str, Any] | None:
+    """The move for one timer, or None when nothing changes (counted in ``done``)."""
+    done.examined += 1
+    intent = row["intent"]
+    planned = calendar.plan(
+        rule or intent["rule"],
+        zone or intent["zone"],
+        datetime.fromisoformat(intent["after"]),
+        spread_s=float(intent.get("spread_s", 0.0)),
+        key=row["run_id"],
+    )
+    if planned is None:
+        done.no_occurrence += 1
+        return None
+    new_due, fresh = planned
+    new_intent = {**intent, **fresh}
+    if zone is not None and zone != intent["zone"]:
+        new_intent["zone_source"] = "recompute"
+    if new_due == row["due_at"] and new_intent == intent:
+        done.unchanged += 1
+        return None
+    return {**row, "old_due": row["due_at"], "new_due": new_due, "intent": new_intent}
+
+
+async def db_now(pool: Pool) -> datetime:
+    """The database's clock (the clock every instant is compared with)."""
+    async with pool.connection() as conn:
+        row = await (await conn.execute(Q.db_now)).fetchone()
+    assert row is not None
+    now: datetime = row["now"]
+    return now

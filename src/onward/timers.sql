@@ -7,13 +7,16 @@
 -- the run active, and an outbox row wakes a worker of the step's lane. Idempotent: a duplicate
 -- wake or a timer already fired by the sweep changes nothing. The timers are locked in one
 -- order with SKIP LOCKED, so a wake and the sweep firing at the same moment never wait on each
--- other (one of them fires each timer; the sweep's own locks do not block its own fire).
+-- other (one of them fires each timer; the sweep's own locks do not block its own fire). A
+-- wake names its wake number: the wake of a timer recomputed since (wake_n moved on) does
+-- nothing; the sweep names none and fires what is due.
 WITH picked AS (
     SELECT t.org_id, t.timer_id
     FROM timers t
-    JOIN unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[]) AS x(org_id, timer_id)
+    JOIN unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[], %(wake_ns)s::int[])
+         AS x(org_id, timer_id, wake_n)
       ON t.org_id = x.org_id AND t.timer_id = x.timer_id
-    WHERE t.fired_at IS NULL
+    WHERE t.fired_at IS NULL AND (x.wake_n IS NULL OR t.wake_n = x.wake_n)
     ORDER BY t.org_id, t.timer_id
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -44,3 +47,66 @@ SELECT f.org_id, f.timer_id, f.run_id,
        ready.lane
 FROM f LEFT JOIN ready ON ready.org_id = f.org_id AND ready.run_id = f.run_id
                       AND ready.seq = f.seq;
+
+-- name: pending_calendar
+-- A page of one organisation's pending calendar timers (their intent holds a rule), keyset on
+-- timer_id, narrowed to a run, a contact, or an automation (and step) when given.
+SELECT t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.wake_n, t.intent
+FROM timers t
+JOIN runs r ON r.org_id = t.org_id AND r.run_id = t.run_id
+JOIN steps s ON s.org_id = t.org_id AND s.run_id = t.run_id AND s.seq = t.seq
+WHERE t.org_id = %(org_id)s AND t.fired_at IS NULL AND t.intent ? 'rule'
+  AND t.timer_id > %(after)s
+  AND (%(run_id)s::text IS NULL OR t.run_id = %(run_id)s)
+  AND (%(contact_id)s::text IS NULL OR r.contact_id = %(contact_id)s)
+  AND (%(automation_id)s::text IS NULL OR r.automation_id = %(automation_id)s)
+  AND (%(step_id)s::text IS NULL OR s.step_id = %(step_id)s)
+ORDER BY t.timer_id
+LIMIT %(limit)s;
+
+-- name: pending_calendar_all
+-- A page of every organisation's pending calendar timers, keyset on (org_id, timer_id): what a
+-- tz database update recomputes. Served by the partial index timers_calendar_pending.
+SELECT org_id, timer_id, run_id, seq, due_at, wake_n, intent
+FROM timers
+WHERE fired_at IS NULL AND intent ? 'rule'
+  AND (org_id, timer_id) > (%(after_org)s, %(after)s)
+ORDER BY org_id, timer_id
+LIMIT %(limit)s;
+
+-- name: move
+-- Recompute: each timer still unfired and still at the wake number that was read gets its
+-- new instant and intent and the next wake number -- the wake already sent for the old one
+-- then fires nothing -- with a delayed wake for the new instant and a history row holding
+-- both instants. A timer fired or moved meanwhile is left alone (0 rows for it).
+WITH x AS (
+    SELECT * FROM unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[], %(wake_ns)s::int[],
+                         %(old_dues)s::timestamptz[], %(new_dues)s::timestamptz[],
+                         %(intents)s::jsonb[])
+        AS x(org_id, timer_id, wake_n, old_due, new_due, intent)
+),
+m AS (
+    UPDATE timers t SET due_at = x.new_due, intent = x.intent, wake_n = t.wake_n + 1
+    FROM x
+    WHERE t.org_id = x.org_id AND t.timer_id = x.timer_id AND t.fired_at IS NULL
+      AND t.wake_n = x.wake_n
+    RETURNING t.org_id, t.timer_id, t.run_id, t.seq, t.wake_n, t.due_at, x.old_due
+),
+timer_due AS (
+    SELECT m.org_id, m.timer_id, m.run_id, m.seq, m.wake_n, m.due_at, st.lane, st.step_id,
+           m.old_due
+    FROM m JOIN steps st ON st.org_id = m.org_id AND st.run_id = m.run_id AND st.seq = m.seq
+),
+{{announce_timer}},
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+    SELECT org_id, run_id, 'timer_moved', seq, step_id, %(worker)s,
+           jsonb_build_object('timer_id', timer_id, 'from', old_due, 'to', due_at,
+                              'wake_n', wake_n, 'reason', %(reason)s::text)
+    FROM timer_due
+)
+SELECT org_id, timer_id, due_at, wake_n FROM timer_due;
+
+-- name: db_now
+-- The database's clock: the reference instant of a preview that names none.
+SELECT now() AS now;

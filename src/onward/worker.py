@@ -109,16 +109,19 @@ class Worker:
         self.tasks: set[asyncio.Task[None]] = set()
         self.stats = WorkerStats()
         self._stopping = False
-        self._timer_inbox: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+        self._timer_inbox: asyncio.Queue[tuple[str, int, int | None]] = asyncio.Queue()
         self._params_cache: dict[tuple[str, str, int, str], Any] = {}
         self.settler = Settler(pool, self.id, settings.lease_seconds)
 
     # -- wakes ---------------------------------------------------------------------------
     def on_wake(self, wake: Wake) -> None:
         if wake.topic == "timer":
-            timer_id = wake.payload.get("timer_id")
+            timer_id, wake_n = wake.payload.get("timer_id"), wake.payload.get("wake_n")
             if isinstance(timer_id, int):
-                self._timer_inbox.put_nowait((wake.org_id, timer_id))
+                # the wake number: a wake of a timer recomputed since does nothing
+                self._timer_inbox.put_nowait(
+                    (wake.org_id, timer_id, wake_n if isinstance(wake_n, int) else None)
+                )
         elif wake.lane in self.kick:
             self.kick[wake.lane].set()
 
@@ -283,6 +286,8 @@ class Worker:
             definition=step,
             lease_lost=lease_lost,
             integrations=self.integrations,
+            now=row.get("db_now"),
+            automation=doc,
         )
         timeout = parse_duration(step.timeout) if step.timeout is not None else None
         try:
@@ -365,6 +370,7 @@ class Worker:
             "ctx": {"vars": {**(ctx.get("vars") or {}), **t.vars}, "steps": steps_out},
             "visits": {**(row["visits"] or {}), nxt.step_id: nxt.iteration},
             "steps_executed": res["steps_executed"],
+            "db_now": res["db_now"],
             "cancel_requested": res["cancel_requested"],
             "over_steps": res["steps_executed"] >= res["max_steps"],
             "over_age": res["over_age"],

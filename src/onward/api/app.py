@@ -446,6 +446,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         redirect_slashes=False,
     )
     app.router.route_class = JsonRoute
+    from onward.api.timers import router as timers_router  # its routes use this module's
+
+    app.include_router(timers_router)
     if engine is not None:
         app.state.engine = engine
     app.add_middleware(BodyLimit, limit=lambda: body_limit(app.state.engine))

@@ -84,6 +84,8 @@ class AutomationDoc(BaseModel):
     name: str | None = None
     description: str | None = None
     start: str | None = None
+    #: the IANA zone of calendar waits that name none of their own (R6)
+    timezone: str | None = None
     budget: Budget = Field(default_factory=Budget)
     steps: list[StepDef] = Field(min_length=1)
 

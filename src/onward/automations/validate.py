@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from onward.automations.document import AutomationDoc, parse_model
+from onward.calendar import UnknownZone, zone
 from onward.durations import parse_duration
 from onward.errors import InvalidAutomation, InvalidInput
 from onward.inputs import check_storable
@@ -30,6 +31,11 @@ def validate(data: dict[str, Any] | AutomationDoc, registry: Registry) -> Automa
     doc = data if isinstance(data, AutomationDoc) else parse_model(data)
     problems: list[str] = []
     ids: set[str] = set()
+    if doc.timezone is not None:
+        try:
+            zone(doc.timezone)
+        except UnknownZone as exc:
+            problems.append(f"timezone: {exc}")
     for step in doc.steps:
         if step.id in ids:
             problems.append(f"duplicate step id {step.id!r}")
@@ -59,6 +65,13 @@ def validate(data: dict[str, Any] | AutomationDoc, registry: Registry) -> Automa
             edges.setdefault(step.id, []).extend([step.next] if step.next else [])
             continue
         problems.extend(spec.check(step, params))
+        if spec.needs_zone and not (
+            getattr(params, "zone", None) or getattr(params, "zone_from", None) or doc.timezone
+        ):
+            problems.append(
+                f"step {step.id}: no time zone: give with.zone, with.zone_from or the "
+                "automation's timezone"
+            )
         edges.setdefault(step.id, []).extend(spec.successors(step, params))
 
     if doc.start is not None and doc.start not in ids:

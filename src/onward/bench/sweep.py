@@ -48,6 +48,7 @@ def _batch(conn: psycopg.Connection[dict[str, Any]], lim: SweepLimits) -> int:
             {
                 "org_ids": [d["org_id"] for d in due],
                 "timer_ids": [d["timer_id"] for d in due],
+                "wake_ns": [None] * len(due),
                 "by": "sweep",
             },
         ).fetchall()

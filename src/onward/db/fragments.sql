@@ -39,3 +39,22 @@ ready_history AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT org_id, run_id, event, seq, step_id, nullif(attempt, 0), worker, detail FROM ready
 )
+
+-- fragment: announce_timer
+-- Expects a CTE `timer_due` (org_id, timer_id, run_id, seq, wake_n, due_at, lane): timers
+-- that are now due at due_at under wake number wake_n. Writes the delayed outbox row that
+-- wakes a worker of the step's lane at that instant (the fast path; job id
+-- onward_timer_wake_id, payload with wake_n so a wake of an older wake number fires nothing),
+-- and flags the organisation for the due sweep (the backstop).
+timer_wake AS (
+    INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)
+    SELECT org_id, 'timer', onward_timer_wake_id(org_id, timer_id, wake_n), lane,
+           jsonb_build_object('timer_id', timer_id, 'run_id', run_id, 'seq', seq,
+                              'wake_n', wake_n),
+           due_at
+    FROM timer_due
+),
+timer_org AS (
+    UPDATE organisations o SET has_due_work = true
+    WHERE o.org_id IN (SELECT org_id FROM timer_due) AND NOT o.has_due_work
+)
