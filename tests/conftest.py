@@ -71,11 +71,15 @@ def sql(db_url: str) -> Iterator[psycopg.Connection]:
 
 
 @pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Processes]:
+def processes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Processes]:
     """The processes a test starts (``processes.worker(settings, name, ...)``,
-    ``processes.start(argv, name)``): every one is reaped at teardown (SIGKILL by its own pid if
-    still running) and its log printed then, which pytest shows when the test failed."""
-    with Processes(tmp_path / "logs") as group:
+    ``processes.start(argv, name)``, ``processes.onward(db_url, "up", ...)``): every one is
+    reaped at teardown (SIGKILL by its own pid if still running) and its log printed then,
+    which pytest shows when the test failed. A test or module marked
+    ``pytest.mark.processes(log_chars=6000)`` passes those options to ``Processes``."""
+    marker = request.node.get_closest_marker("processes")
+    options = dict(marker.kwargs) if marker is not None else {}
+    with Processes(tmp_path / "logs", **options) as group:
         yield group
 
 

@@ -47,11 +47,17 @@ from onward.testing import (
     assert_nothing_applied_twice,
     eventually,
     history,
+    run_effects,
     step_row,
 )
 from onward.testing.worker import worker_stats
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(120)]
+# many processes a test: print the last 6,000 characters of each log (tests/conftest.py)
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.timeout(120),
+    pytest.mark.processes(log_chars=6000),
+]
 
 Sql = psycopg.Connection[dict[str, Any]]
 LEASE = 2.0
@@ -371,10 +377,8 @@ async def test_a_provider_hanging_past_the_lease_is_never_called_twice(
     assert len(admin.ledger("payment")) == 1  # parked, not charged again
     for run_id in (mail_run, pay_run):
         assert history(sql, run_id, "lease_expired") == []
-    review = sql.execute(
-        "SELECT status, attempts FROM effects WHERE run_id = %s", (pay_run,)
-    ).fetchone()
-    assert dict(review or {}) == {"status": "review", "attempts": 1}
+    (review,) = run_effects(sql, pay_run)
+    assert (review["status"], review["attempts"]) == ("review", 1)
     assert_nothing_applied_twice(sql)
 
 
@@ -448,9 +452,7 @@ async def test_a_generation_whose_answer_was_lost_is_generated_again_not_parked(
     async with engine.running():
         status = await engine.wait(run_id, timeout=30)
     assert len(admin.ledger("model")) >= 1
-    assert status == "completed", sql.execute(
-        "SELECT status, last_error FROM effects WHERE run_id = %s", (run_id,)
-    ).fetchone()
+    assert status == "completed", [(e["status"], e["last_error"]) for e in run_effects(sql, run_id)]
     assert len(admin.ledger("model")) == 2  # generated again, at the cost of one generation
 
 

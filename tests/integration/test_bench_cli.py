@@ -6,18 +6,13 @@ These prove the commands work and their figures hang together; they assert no ti
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
+
+from onward.testing import run_onward
 
 
 def _bench(db_url: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "onward.cli", "--database-url", db_url, "bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_onward(db_url, "bench", *args, timeout=300, log_level="info")
     assert out.returncode == 0, out.stderr
     result: dict[str, Any] = json.loads(out.stdout)
     return result

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from onward.testing import eventually_sync
+from onward.testing import Process, Processes, eventually_sync, run_onward, run_row
 
 GREET_YAML = """\
 id: greet
@@ -38,24 +33,6 @@ steps:
 """
 
 
-def onward(
-    db_url: str,
-    *args: str,
-    timeout: float = 60,
-    env: dict[str, str] | None = None,
-    **kw: object,
-) -> subprocess.CompletedProcess[str]:
-    """``onward --database-url DB ARGS`` as a subprocess; ``env`` adds to the environment."""
-    return subprocess.run(
-        [sys.executable, "-m", "onward.cli", "--database-url", db_url, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "ONWARD_LOG_LEVEL": "warning", **(env or {})},
-        **kw,  # type: ignore[call-overload]
-    )
-
-
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     return result.stdout
@@ -69,28 +46,28 @@ def greet_file(tmp_path: Path) -> Path:
 
 
 def test_migrate_status_json_and_verify(db_url: str) -> None:
-    rows = json.loads(ok(onward(db_url, "migrate", "--status", "--json")))
+    rows = json.loads(ok(run_onward(db_url, "migrate", "--status", "--json")))
     assert rows and rows[0]["version"] == 1 and rows[0]["name"] == "core"
     assert all(r["applied"] and r["checksum_ok"] for r in rows)
     assert set(rows[0]) == {"version", "name", "applied", "checksum_ok"}
-    assert "nothing to apply" in ok(onward(db_url, "migrate"))
-    assert "ok:" in ok(onward(db_url, "migrate", "--verify"))
+    assert "nothing to apply" in ok(run_onward(db_url, "migrate"))
+    assert "ok:" in ok(run_onward(db_url, "migrate", "--verify"))
 
 
 def test_migrate_verify_fails_on_an_empty_database(
     db_url: str, sql: psycopg.Connection[dict[str, Any]]
 ) -> None:
     sql.execute("DROP TABLE onward_migrations")
-    result = onward(db_url, "migrate", "--verify")
+    result = run_onward(db_url, "migrate", "--verify")
     assert result.returncode == 1
     assert "migration 0001_core is not applied" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_publish_prints_the_version_then_unchanged(db_url: str, greet_file: Path) -> None:
-    assert ok(onward(db_url, "publish", str(greet_file))).strip() == "published greet version 1"
-    assert ok(onward(db_url, "publish", str(greet_file))).strip() == "greet version 1 unchanged"
-    as_json = json.loads(ok(onward(db_url, "publish", str(greet_file), "--json")))
+    assert ok(run_onward(db_url, "publish", str(greet_file))).strip() == "published greet version 1"
+    assert ok(run_onward(db_url, "publish", str(greet_file))).strip() == "greet version 1 unchanged"
+    as_json = json.loads(ok(run_onward(db_url, "publish", str(greet_file), "--json")))
     assert as_json["version"] == 1 and as_json["created"] is False
 
 
@@ -99,7 +76,7 @@ def test_publish_invalid_file_exits_2_with_every_problem(
 ) -> None:
     bad = tmp_path / "broken.yaml"
     bad.write_text(INVALID_YAML)
-    result = onward(db_url, "publish", str(bad))
+    result = run_onward(db_url, "publish", str(bad))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert any("unknown step kind 'no_such_kind'" in line for line in lines)
@@ -107,19 +84,21 @@ def test_publish_invalid_file_exits_2_with_every_problem(
     assert any("unknown step 'nowhere'" in line for line in lines)
     assert all(line.startswith("onward: invalid automation: ") for line in lines), lines
     assert "Traceback" not in result.stderr
-    missing = onward(db_url, "publish", str(tmp_path / "missing.yaml"))
+    missing = run_onward(db_url, "publish", str(tmp_path / "missing.yaml"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr
     assert sql.execute("SELECT count(*) AS n FROM automation_versions").fetchone() == {"n": 0}
 
 
 def test_start_twice_is_a_duplicate_then_runs_and_show(db_url: str, greet_file: Path) -> None:
-    ok(onward(db_url, "publish", str(greet_file)))
+    ok(run_onward(db_url, "publish", str(greet_file)))
     payload = '{"name": "Maya"}'
-    first = ok(onward(db_url, "start", "greet", "--payload", payload, "--event-id", "evt_1"))
+    first = ok(run_onward(db_url, "start", "greet", "--payload", payload, "--event-id", "evt_1"))
     match = re.search(r"started (run_\w+)", first)
     assert match, first
     run_id = match.group(1)
-    second = onward(db_url, "start", "greet", "--payload", payload, "--event-id", "evt_1", "--json")
+    second = run_onward(
+        db_url, "start", "greet", "--payload", payload, "--event-id", "evt_1", "--json"
+    )
     answer = json.loads(ok(second))
     assert answer == {
         "run_id": run_id,
@@ -129,20 +108,20 @@ def test_start_twice_is_a_duplicate_then_runs_and_show(db_url: str, greet_file: 
         "start_key_kind": "event",
     }
     assert f"duplicate: {run_id}" in ok(
-        onward(db_url, "start", "greet", "-p", payload, "--event-id", "evt_1")
+        run_onward(db_url, "start", "greet", "-p", payload, "--event-id", "evt_1")
     )
 
-    listed = json.loads(ok(onward(db_url, "runs", "--json")))
+    listed = json.loads(ok(run_onward(db_url, "runs", "--json")))
     assert [r["run_id"] for r in listed] == [run_id]
     assert set(listed[0]) >= {"run_id", "automation_id", "version", "status", "created_at"}
     assert re.match(r"\d{4}-\d\d-\d\dT", listed[0]["created_at"])  # ISO datetimes
-    assert json.loads(ok(onward(db_url, "runs", "--json", "--status", "completed"))) == []
-    assert run_id in ok(onward(db_url, "runs", "--automation", "greet"))
+    assert json.loads(ok(run_onward(db_url, "runs", "--json", "--status", "completed"))) == []
+    assert run_id in ok(run_onward(db_url, "runs", "--automation", "greet"))
 
-    timeline = ok(onward(db_url, "show", run_id))
+    timeline = ok(run_onward(db_url, "show", run_id))
     assert timeline.startswith(f"run {run_id}  greet v1")
     assert "run_started" in timeline and "start_duplicate" in timeline
-    view = json.loads(ok(onward(db_url, "show", run_id, "--json")))
+    view = json.loads(ok(run_onward(db_url, "show", run_id, "--json")))
     assert view["run"]["run_id"] == run_id and view["run"]["input"] == {"name": "Maya"}
     assert [e["event"] for e in view["history"]][:2] == ["run_started", "step_ready"]
     assert view["steps"][0]["step_id"] == "hello"
@@ -151,11 +130,15 @@ def test_start_twice_is_a_duplicate_then_runs_and_show(db_url: str, greet_file: 
 def test_payload_from_a_file_and_the_hash_fallback(
     db_url: str, greet_file: Path, tmp_path: Path
 ) -> None:
-    ok(onward(db_url, "publish", str(greet_file)))
+    ok(run_onward(db_url, "publish", str(greet_file)))
     payload = tmp_path / "maya.json"
     payload.write_text('{"name": "Maya"}')
-    first = json.loads(ok(onward(db_url, "start", "greet", "--payload", f"@{payload}", "--json")))
-    again = json.loads(ok(onward(db_url, "start", "greet", "--payload", f"@{payload}", "--json")))
+    first = json.loads(
+        ok(run_onward(db_url, "start", "greet", "--payload", f"@{payload}", "--json"))
+    )
+    again = json.loads(
+        ok(run_onward(db_url, "start", "greet", "--payload", f"@{payload}", "--json"))
+    )
     assert first["start_key_kind"] == "payload_hash" and first["created"]
     assert again["run_id"] == first["run_id"] and again["duplicate"]
 
@@ -172,7 +155,7 @@ def test_payload_from_a_file_and_the_hash_fallback(
     ],
 )
 def test_errors_are_one_line_and_exit_2(db_url: str, args: list[str], message: str) -> None:
-    result = onward(db_url, *args)
+    result = run_onward(db_url, *args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert result.stderr.startswith("onward: ") and result.stderr.count("\n") == 1
@@ -180,23 +163,17 @@ def test_errors_are_one_line_and_exit_2(db_url: str, args: list[str], message: s
 
 
 def test_payload_too_large_exits_2(db_url: str, greet_file: Path) -> None:
-    ok(onward(db_url, "publish", str(greet_file)))
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "onward.cli", "--database-url", db_url),
-            *("start", "greet", "--payload", json.dumps({"name": "x" * 300})),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "ONWARD_MAX_PAYLOAD_BYTES": "100"},
+    ok(run_onward(db_url, "publish", str(greet_file)))
+    payload = json.dumps({"name": "x" * 300})
+    result = run_onward(
+        db_url, "start", "greet", "--payload", payload, env={"ONWARD_MAX_PAYLOAD_BYTES": "100"}
     )
     assert result.returncode == 2
     assert "exceeds the limit of 100 bytes" in result.stderr
 
 
 def test_demo_finishes_with_a_completed_run_and_the_duplicate_in_its_timeline(db_url: str) -> None:
-    result = onward(db_url, "demo", timeout=90)
+    result = run_onward(db_url, "demo", timeout=90)
     out = ok(result)
     assert re.search(r"delivery 1: .* -> 202 created", out), out
     assert re.search(r"delivery 2: .* -> 200 duplicate", out), out
@@ -208,57 +185,24 @@ def test_demo_finishes_with_a_completed_run_and_the_duplicate_in_its_timeline(db
     assert "run_completed" in out
 
 
-class Process:
-    """A long-running ``onward`` command whose stderr is collected by a thread."""
+def serve(
+    processes: Processes,
+    db_url: str,
+    command: str,
+    *args: str,
+    app: str | None = None,
+    cwd: Path | None = None,
+) -> Process:
+    """A long-running ``onward [--app APP] COMMAND ARGS`` (``up``, ``api``, ``worker``) in the
+    test's group, logging at info, with a 2 s shutdown grace."""
+    argv = ["--app", app, command, *args] if app else [command, *args]
+    env = {"ONWARD_SHUTDOWN_GRACE_SECONDS": "2"}
+    return processes.onward(db_url, *argv, name=command, env=env, cwd=cwd)
 
-    def __init__(self, db_url: str, *args: str, cwd: Path | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "onward.cli", "--database-url", db_url, *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "ONWARD_LOG_LEVEL": "info", "ONWARD_SHUTDOWN_GRACE_SECONDS": "2"},
-            cwd=cwd,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def find(self, pattern: str) -> re.Match[str] | None:
-        for line in list(self.lines):
-            if m := re.search(pattern, line):
-                return m
-        return None
-
-    def api_url(self) -> str:
-        """Wait until the process serves its API; its URL."""
-        found = eventually_sync(
-            lambda: self.proc.poll() is not None or self.find(r"API on (http://\S+)"),
-            timeout=30,
-            what="the API to listen",
-        )
-        assert self.proc.poll() is None, "".join(self.lines)
-        assert isinstance(found, re.Match)
-        return found.group(1)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=30)
-        self.close()
-        return code
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(timeout=5)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+def api_url(proc: Process) -> str:
+    """Wait until the process serves its API; its URL."""
+    return proc.wait_for(r"API on (http://\S+)").group(1)
 
 
 def deliver_and_complete(
@@ -277,46 +221,31 @@ def deliver_and_complete(
     return run_id
 
 
-@pytest.fixture(name="processes")
-def processes_fixture() -> Iterator[list[Process]]:
-    started: list[Process] = []
-    yield started
-    for p in started:
-        p.close()
-
-
 def test_up_serves_webhooks_and_stops_gracefully_on_sigterm(
-    db_url: str, greet_file: Path, processes: list[Process]
+    db_url: str, greet_file: Path, processes: Processes
 ) -> None:
-    ok(onward(db_url, "publish", str(greet_file)))
-    up = Process(db_url, "up", "--port", "0")
-    processes.append(up)
-    deliver_and_complete(up.api_url(), "greet", {"name": "Maya"}, {"X-Event-Id": "e"})
-    assert up.stop() == 0, "".join(up.lines)
+    ok(run_onward(db_url, "publish", str(greet_file)))
+    up = serve(processes, db_url, "up", "--port", "0")
+    deliver_and_complete(api_url(up), "greet", {"name": "Maya"}, {"X-Event-Id": "e"})
+    assert up.stop() == 0, up.log_text()
     assert up.find(r"SIGTERM: shutting down gracefully") and up.find(r"onward\.cli: stopped")
     assert not up.find("Traceback")
 
 
 def test_worker_runs_steps_and_stops_gracefully_on_sigterm(
-    db_url: str, greet_file: Path, processes: list[Process], sql: psycopg.Connection[dict[str, Any]]
+    db_url: str, greet_file: Path, processes: Processes, sql: psycopg.Connection[dict[str, Any]]
 ) -> None:
-    ok(onward(db_url, "publish", str(greet_file)))
+    ok(run_onward(db_url, "publish", str(greet_file)))
     started = json.loads(
-        ok(onward(db_url, "start", "greet", "--payload", '{"name": "Sam"}', "--json"))
+        ok(run_onward(db_url, "start", "greet", "--payload", '{"name": "Sam"}', "--json"))
     )
-    worker = Process(db_url, "worker", "--lanes", "fast=8,wait=8")
-    processes.append(worker)
+    worker = serve(processes, db_url, "worker", "--lanes", "fast=8,wait=8")
     eventually_sync(
-        lambda: (
-            sql.execute(
-                "SELECT status FROM runs WHERE run_id = %s", (started["run_id"],)
-            ).fetchone()
-            == {"status": "completed"}
-        ),
+        lambda: run_row(sql, started["run_id"])["status"] == "completed",
         timeout=30,
         what="the worker to complete the run",
     )
-    assert worker.stop() == 0, "".join(worker.lines)
+    assert worker.stop() == 0, worker.log_text()
     assert worker.find(r"worker, relay, sweeper running")
     assert worker.find(r"SIGTERM: shutting down gracefully")
     assert not worker.find("Traceback")
@@ -343,12 +272,12 @@ def test_start_caps_ids_as_the_api_does(
     args: list[str],
     message: str,
 ) -> None:
-    ok(onward(db_url, "publish", str(greet_file)))
-    result = onward(db_url, "start", "greet", *args)
+    ok(run_onward(db_url, "publish", str(greet_file)))
+    result = run_onward(db_url, "start", "greet", *args)
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"onward: {message}\n"
     assert count_runs(sql) == 0
-    ok(onward(db_url, "start", "greet", "--event-id", "e" * 256))  # the limit itself is fine
+    ok(run_onward(db_url, "start", "greet", "--event-id", "e" * 256))  # the limit itself is fine
     assert count_runs(sql) == 1
 
 
@@ -370,8 +299,8 @@ def test_start_refuses_a_hostile_payload_and_stores_nothing(
     payload: str,
     message: str,
 ) -> None:
-    ok(onward(db_url, "publish", str(greet_file)))
-    result = onward(db_url, "start", "greet", "--payload", payload)
+    ok(run_onward(db_url, "publish", str(greet_file)))
+    result = run_onward(db_url, "start", "greet", "--payload", payload)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"onward: {message}"), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -381,17 +310,17 @@ def test_start_refuses_a_hostile_payload_and_stores_nothing(
 def test_start_refuses_a_payload_file_that_is_not_utf8(
     db_url: str, greet_file: Path, tmp_path: Path, sql: psycopg.Connection[dict[str, Any]]
 ) -> None:
-    ok(onward(db_url, "publish", str(greet_file)))
+    ok(run_onward(db_url, "publish", str(greet_file)))
     latin1 = tmp_path / "latin1.json"
     latin1.write_bytes('{"name": "Zoë"}'.encode("latin-1"))
-    result = onward(db_url, "start", "greet", "--payload", f"@{latin1}")
+    result = run_onward(db_url, "start", "greet", "--payload", f"@{latin1}")
     assert result.returncode == 2
     assert result.stderr == f"onward: {latin1}: not UTF-8 (invalid byte at offset 12)\n"
     assert count_runs(sql) == 0
 
 
 def test_chaos_json_prints_only_json_on_stdout(db_url: str) -> None:
-    result = onward(db_url, "chaos", "--runs", "1", "--kills", "0", "--json", timeout=240)
+    result = run_onward(db_url, "chaos", "--runs", "1", "--kills", "0", "--json", timeout=240)
     report = json.loads(ok(result))  # the whole of stdout is one JSON document
     assert report["runs"] == 1 and report["started"] == 1
     assert "onward chaos: 1 runs" in result.stderr  # progress went to stderr
@@ -422,7 +351,7 @@ def test_publish_a_hostile_file_is_one_line_and_stores_nothing(
 ) -> None:
     path = tmp_path / name
     path.write_bytes(content)
-    result = onward(db_url, "publish", str(path))
+    result = run_onward(db_url, "publish", str(path))
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith(f"onward: invalid automation: {path}: "), result.stderr

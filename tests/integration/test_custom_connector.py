@@ -7,7 +7,6 @@ key as its idempotency key."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,36 +14,26 @@ import httpx
 import psycopg
 import pytest
 
-from onward.sandbox import SandboxServer
-from tests.integration.test_cli import (  # noqa: F401  (processes_fixture: a fixture)
-    Process,
-    deliver_and_complete,
-    processes_fixture,
-)
+from onward.sandbox import SandboxAdmin, SandboxServer
+from onward.testing import Processes, run_effects, steps
+from tests.integration.test_cli import api_url, deliver_and_complete, serve
 from tests.integration.test_readme_examples import readme_files, readme_section
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    with SandboxServer() as server:
-        yield server
 
 
 def test_a_custom_connector_runs_once_through_the_effect_protocol(
     db_url: str,
     tmp_path: Path,
     sandbox: SandboxServer,
-    processes: list[Process],
+    admin: SandboxAdmin,
+    processes: Processes,
     sql: psycopg.Connection[dict[str, Any]],
 ) -> None:
     files = readme_files(readme_section("Using it"))
     (tmp_path / "announce_app.py").write_text(files["announce_app.py"], encoding="utf-8")
-    sandbox.admin.reset()
-    sandbox.admin.faults("email", script=["drop_after_work"])  # sends, then hangs up
+    admin.faults("email", script=["drop_after_work"])  # sends, then hangs up
 
-    up = Process(db_url, "--app", "announce_app:flows", "up", "--port", "0", cwd=tmp_path)
-    processes.append(up)
-    url = up.api_url()
+    up = serve(processes, db_url, "up", "--port", "0", app="announce_app:flows", cwd=tmp_path)
+    url = api_url(up)
     assert up.find(r"published announce version 1  \(announce_app:flows\[0\]\)")
     connection = {
         "connection_id": "news",
@@ -57,26 +46,21 @@ def test_a_custom_connector_runs_once_through_the_effect_protocol(
     assert reply.status_code == 201, reply.text
 
     run_id = deliver_and_complete(url, "announce", {"email": "maya@example.test"})
-    assert up.stop() == 0, "".join(up.lines)
+    assert up.stop() == 0, up.log_text()
 
-    effects = sql.execute(
-        "SELECT effect_key, provider, status, attempts, result FROM effects WHERE run_id = %s",
-        (run_id,),
-    ).fetchall()
+    effects = run_effects(sql, run_id)
     assert len(effects) == 1, effects
     effect = effects[0]
     assert effect["provider"] == "announce" and effect["status"] == "settled"
     assert effect["attempts"] == 2  # the dropped call, then the same key again
-    ledger = sandbox.admin.ledger("email")
+    ledger = admin.ledger("email")
     assert [(e["idempotency_key"], e["account"]) for e in ledger] == [
         (effect["effect_key"], "acme")
     ]
     assert ledger[0]["request"]["to"] == "maya@example.test"
     assert effect["result"]["id"] == ledger[0]["response_id"]  # the first answer, replayed
-    output = sql.execute(
-        "SELECT output FROM steps WHERE run_id = %s AND step_id = 'send'", (run_id,)
-    ).fetchone()
-    assert output is not None and output["output"]["id"] == ledger[0]["response_id"]
+    (send,) = steps(sql, run_id, "send")
+    assert send["output"]["id"] == ledger[0]["response_id"]
 
 
 def test_register_connector_refuses_what_is_not_a_connector() -> None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from onward.db.migrate import available, verify
-from onward.testing import TemporaryDatabases, with_database
+from onward.testing import Processes, TemporaryDatabases, with_database
 from tests.conftest import ADMIN_URL
 
 
@@ -25,17 +23,12 @@ def empty_db(databases: TemporaryDatabases) -> Iterator[str]:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def test_five_processes_migrating_at_once_apply_each_migration_once(empty_db: str) -> None:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "onward.cli", "--database-url", empty_db, "migrate"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for _ in range(5)
-    ]
-    results = [(*p.communicate(timeout=120), p.returncode) for p in procs]
-    assert all(rc == 0 for _out, _err, rc in results), results
+def test_five_processes_migrating_at_once_apply_each_migration_once(
+    empty_db: str, processes: Processes
+) -> None:
+    procs = [processes.onward(empty_db, "migrate", name=f"migrate-{i}") for i in range(5)]
+    results = [(p.wait(timeout=120), p.log_text()) for p in procs]
+    assert all(rc == 0 for rc, _log in results), results
     with psycopg.connect(empty_db) as conn:
         rows = conn.execute("SELECT version FROM onward_migrations ORDER BY version").fetchall()
     assert [r[0] for r in rows] == [m.version for m in available()]

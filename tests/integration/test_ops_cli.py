@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import psycopg
 
+from onward.testing import run_onward
+
 
 def _onward(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "onward.cli", "--database-url", db_url, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_onward(db_url, *args, timeout=300, log_level="info")
 
 
 def test_doctor_reports_each_invariant_and_fails_on_a_lost_run(

@@ -11,7 +11,7 @@ import pytest
 from onward import Automation, InvalidAutomation
 from onward.automations import parse_text
 from onward.engine import Engine
-from onward.testing import eventually
+from onward.testing import eventually, history, run_row, steps
 
 
 def v1() -> dict[str, Any]:
@@ -119,34 +119,27 @@ async def test_a_run_finishes_on_the_version_it_started_on(
         assert await engine.wait(old.run_id, timeout=20) == "completed"
         assert await engine.wait(new.run_id, timeout=20) == "completed"
 
-    runs = {r["run_id"]: r for r in sql.execute("SELECT run_id, version, ctx FROM runs").fetchall()}
-    assert runs[old.run_id]["version"] == 1
-    assert runs[new.run_id]["version"] == 2
-    assert runs[old.run_id]["ctx"]["vars"] == {"greeting": "hi Maya", "farewell": "bye v1"}
-    assert runs[new.run_id]["ctx"]["vars"] == {"greeting": "hello Sam", "farewell": "bye v2"}
+    old_run, new_run = run_row(sql, old.run_id), run_row(sql, new.run_id)
+    assert old_run["version"] == 1
+    assert new_run["version"] == 2
+    assert old_run["ctx"]["vars"] == {"greeting": "hi Maya", "farewell": "bye v1"}
+    assert new_run["ctx"]["vars"] == {"greeting": "hello Sam", "farewell": "bye v2"}
 
     def executed(run_id: str) -> list[str]:
-        rows = sql.execute(
-            "SELECT step_id FROM steps WHERE run_id = %s AND status = 'done' ORDER BY seq",
-            (run_id,),
-        ).fetchall()
-        return [r["step_id"] for r in rows]
+        return [s["step_id"] for s in steps(sql, run_id) if s["status"] == "done"]
 
     assert executed(old.run_id) == ["hello", "pause", "bye"]
     assert set(executed(old.run_id)) <= V1_STEP_IDS
     assert executed(new.run_id) == ["hello", "pause", "bye2"]
     assert set(executed(new.run_id)) <= V2_STEP_IDS
-    started = sql.execute(
-        "SELECT detail FROM history WHERE run_id = %s AND event = 'run_started'", (old.run_id,)
-    ).fetchone()
-    assert started is not None and started["detail"]["version"] == 1
+    (started,) = history(sql, old.run_id, "run_started")
+    assert started["detail"]["version"] == 1
     # v2 really was published while the old run was still unfinished
-    order = sql.execute(
-        "SELECT (SELECT published_at FROM automation_versions WHERE version = 2)"
-        " < (SELECT at FROM history WHERE run_id = %s AND event = 'run_completed') AS before",
-        (old.run_id,),
-    ).fetchone()
-    assert order == {"before": True}
+    (completed,) = history(sql, old.run_id, "run_completed")
+    (v2_row,) = sql.execute(
+        "SELECT published_at FROM automation_versions WHERE version = 2"
+    ).fetchall()
+    assert v2_row["published_at"] < completed["at"]
 
 
 async def test_republishing_an_older_document_makes_it_current_again(

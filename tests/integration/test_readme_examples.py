@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from onward.testing import eventually_sync
+from onward.testing import Processes, eventually_sync, run_row, steps
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 LONG_RUNNING = {"worker", "up", "api"}
@@ -63,34 +62,32 @@ def cli_env(db_url: str) -> dict[str, str]:
 
 
 def all_completed(sql: psycopg.Connection[dict[str, Any]], run_ids: list[str]) -> bool:
-    rows = sql.execute("SELECT status FROM runs WHERE run_id = ANY(%s)", (run_ids,)).fetchall()
-    return len(rows) == len(run_ids) and all(r["status"] == "completed" for r in rows)
+    return all(run_row(sql, run_id)["status"] == "completed" for run_id in run_ids)
 
 
-def run_until(args: list[str], *, cwd: Path, env: dict[str, str], done: Callable[[], bool]) -> None:
+def run_until(
+    processes: Processes,
+    args: list[str],
+    *,
+    name: str,
+    cwd: Path,
+    env: dict[str, str],
+    done: Callable[[], bool],
+) -> None:
     """Run a long-running command until ``done()``, then SIGTERM it: it must stop cleanly."""
-    proc = subprocess.Popen(
-        args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        eventually_sync(
-            lambda: proc.poll() is not None or done(),
-            timeout=60,
-            what=f"{shlex.join(args)} to finish its work",
-        )
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err
+    proc = processes.start(args, name, env=env, cwd=cwd)
+
+    def finished() -> bool:
+        assert proc.alive(), f"{shlex.join(args)} exited ({proc.returncode}):\n{proc.tail(3000)}"
+        return done()
+
+    eventually_sync(finished, timeout=60, what=f"{shlex.join(args)} to finish its work")
+    assert proc.stop() == 0, proc.tail(3000)
+    assert not proc.find("Traceback"), proc.tail(3000)
 
 
 def test_the_using_it_examples_run_as_written(
-    db_url: str, tmp_path: Path, sql: psycopg.Connection[dict[str, Any]]
+    db_url: str, tmp_path: Path, sql: psycopg.Connection[dict[str, Any]], processes: Processes
 ) -> None:
     section = readme_section("Using it")
     files = readme_files(section)
@@ -127,7 +124,14 @@ def test_the_using_it_examples_run_as_written(
             started += re.findall(r"^started (run_\w+)", result.stdout, re.MULTILINE)
             continue
         # A long-running command: run it until every run started so far has completed.
-        run_until(args, cwd=tmp_path, env=env, done=partial(all_completed, sql, list(started)))
+        run_until(
+            processes,
+            args,
+            name=subcommand,
+            cwd=tmp_path,
+            env=env,
+            done=partial(all_completed, sql, list(started)),
+        )
 
     script, flow, yaml_, start = outputs[:4]
     assert script.strip().splitlines()[-1] == "completed"  # `python welcome_app.py`
@@ -139,7 +143,5 @@ def test_the_using_it_examples_run_as_written(
         ("Maya", "completed", 1),
         ("Sam", "completed", 1),
     ]
-    steps = sql.execute(
-        "SELECT output FROM steps WHERE run_id = %s AND step_id = 'tag'", (started[0],)
-    ).fetchall()
-    assert [s["output"] for s in steps] == [{"tagged": "sam@example.test"}]
+    tags = steps(sql, started[0], "tag")
+    assert [s["output"] for s in tags] == [{"tagged": "sam@example.test"}]

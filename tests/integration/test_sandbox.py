@@ -1,13 +1,13 @@
 """The provider sandbox over real HTTP: a real uvicorn server in a child process.
 
-One sandbox serves the whole module; every test starts from a reset world.
+One sandbox serves the whole module (the ``sandbox`` fixture, tests/conftest.py); every test
+starts from a reset world (``admin``, used by every test of the module).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from onward.sandbox import SandboxAdmin, SandboxAdminError, SandboxServer
+from onward.testing import Processes, eventually_sync
 
 EMAIL = {
     "from": "sam@acme.test",
@@ -28,16 +29,7 @@ EMAIL = {
 CHARGE = {"amount": 4200, "currency": "EUR", "customer": "cus_maya", "description": "plan"}
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def admin(sandbox: SandboxServer) -> SandboxAdmin:
-    sandbox.admin.reset()
-    return sandbox.admin
+pytestmark = pytest.mark.usefixtures("admin")
 
 
 @pytest.fixture
@@ -388,23 +380,18 @@ async def test_thread_mode_works_as_an_async_context_manager() -> None:
     assert not server.running
 
 
-def test_cli_serves_on_the_given_port() -> None:
+def test_cli_serves_on_the_given_port(processes: Processes) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "onward.sandbox", "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        with SandboxAdmin(f"http://127.0.0.1:{port}") as admin:
-            deadline = time.monotonic() + 30
-            while not admin.health():
-                assert process.poll() is None, "the sandbox CLI exited"
-                assert time.monotonic() < deadline, "the sandbox CLI never became healthy"
-                time.sleep(0.05)
-            admin.reset()
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    argv = [sys.executable, "-m", "onward.sandbox", "--port", str(port), "--log-level", "warning"]
+    process = processes.start(argv, "sandbox")
+    with SandboxAdmin(f"http://127.0.0.1:{port}") as admin:
+
+        def healthy() -> bool:
+            assert process.alive(), f"the sandbox CLI exited:\n{process.tail()}"
+            return admin.health()
+
+        eventually_sync(healthy, timeout=30, what="the sandbox CLI to become healthy")
+        admin.reset()
+    process.stop(timeout=10)

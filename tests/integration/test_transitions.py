@@ -15,7 +15,7 @@ from onward import Automation, RateLimited, ids, step_kind, timers
 from onward.engine import Engine
 from onward.kinds import StepContext
 from onward.sweep import Q as SWEEP_Q
-from onward.testing import eventually
+from onward.testing import eventually, history, steps
 
 
 def test_wake_ids_built_in_python_equal_the_sql_functions(sql: psycopg.Connection) -> None:
@@ -75,15 +75,12 @@ async def test_history_of_a_start_and_an_advance_is_in_order(
     )
     run_id = (await engine.start("order", {}, event_id="o1")).run_id
     async with engine.running(lanes={"fast": 4}):
-        await _eventually_count(
-            sql, f"SELECT count(*) AS n FROM steps WHERE run_id = '{run_id}' AND seq = 2", 1
-        )
-    events = [
-        (r["event"], r["step_id"])
-        for r in sql.execute(
-            "SELECT event, step_id FROM history WHERE run_id = %s ORDER BY event_id", (run_id,)
-        )
-    ]
+
+        async def at_step_2() -> bool:
+            return 2 in [s["seq"] for s in steps(sql, run_id)]
+
+        await eventually(at_step_2, what=f"{run_id} at step 2")
+    events = [(r["event"], r["step_id"]) for r in history(sql, run_id)]
     assert events == [
         ("run_started", None),
         ("step_ready", "a"),
@@ -156,13 +153,9 @@ async def test_retry_after_date_is_compared_with_the_database_clock(
     RETRY_AT[run_later], RETRY_AT[run_past] = later, past
     async with engine.running(lanes={"io": 4}):
         assert await engine.wait(run_past, timeout=30) == "completed"
-    row = sql.execute(
-        "SELECT status, available_at FROM steps WHERE run_id = %s", (run_later,)
-    ).fetchone()
-    assert row is not None and row["status"] == "ready" and row["available_at"] == later
-    (retry,) = sql.execute(
-        "SELECT detail FROM history WHERE run_id = %s AND event = 'step_retry'", (run_later,)
-    ).fetchall()
+    (row,) = steps(sql, run_later)
+    assert row["status"] == "ready" and row["available_at"] == later
+    (retry,) = history(sql, run_later, "step_retry")
     assert retry["detail"]["delay_s"] == pytest.approx(3600, abs=60)
 
 

@@ -13,13 +13,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests.integration.test_cli import (  # noqa: F401  (processes_fixture: a fixture)
-    Process,
-    deliver_and_complete,
-    ok,
-    onward,
-    processes_fixture,
-)
+from onward.testing import Processes, run_onward, steps
+from tests.integration.test_cli import api_url, deliver_and_complete, ok, serve
 
 TAG_APP = """\
 import onward
@@ -136,12 +131,12 @@ def test_an_app_that_cannot_be_imported_is_one_line_and_exit_2(
 ) -> None:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    assert message in one_line(onward(db_url, "--app", spec, "runs", cwd=tmp_path))
+    assert message in one_line(run_onward(db_url, "--app", spec, "runs", cwd=tmp_path))
 
 
 def test_onward_app_in_the_environment_is_imported_too(db_url: str, tmp_path: Path) -> None:
     (tmp_path / "boom.py").write_text("raise ValueError('from the env')\n")
-    result = onward(db_url, "runs", cwd=tmp_path, env={"ONWARD_APP": "boom"})
+    result = run_onward(db_url, "runs", cwd=tmp_path, env={"ONWARD_APP": "boom"})
     assert "cannot import app 'boom': ValueError: from the env" in one_line(result)
 
 
@@ -149,10 +144,10 @@ def test_publish_a_file_needs_the_apps_kind(
     db_url: str, app_dir: Path, sql: psycopg.Connection[dict[str, Any]]
 ) -> None:
     (app_dir / "welcome.yaml").write_text(TAG_YAML)
-    refused = onward(db_url, "publish", "welcome.yaml", cwd=app_dir)
+    refused = run_onward(db_url, "publish", "welcome.yaml", cwd=app_dir)
     assert "welcome.yaml: step tag: unknown step kind 'crm.tag'" in one_line(refused)
     assert versions(sql) == []
-    out = ok(onward(db_url, "--app", "tag_app", "publish", "welcome.yaml", cwd=app_dir))
+    out = ok(run_onward(db_url, "--app", "tag_app", "publish", "welcome.yaml", cwd=app_dir))
     assert out.strip() == "published welcome version 1"
     assert versions(sql) == [("welcome", 1)]
 
@@ -171,13 +166,13 @@ def test_publish_a_folder_is_all_or_none_with_each_problem_named(
         },
     )
 
-    refused = onward(db_url, "publish", "flows", cwd=app_dir)
+    refused = run_onward(db_url, "publish", "flows", cwd=app_dir)
     assert "invalid automation: flows/welcome.yml: step tag: unknown step kind 'crm.tag'" in (
         one_line(refused)
     )
     assert versions(sql) == []  # good.yaml and also.json were not stored either
 
-    out = ok(onward(db_url, "--app", "tag_app", "publish", "flows", cwd=app_dir))
+    out = ok(run_onward(db_url, "--app", "tag_app", "publish", "flows", cwd=app_dir))
     assert out.splitlines() == [
         "published also version 1  (flows/also.json)",
         "published good version 1  (flows/good.yaml)",
@@ -185,7 +180,7 @@ def test_publish_a_folder_is_all_or_none_with_each_problem_named(
     ]
     assert versions(sql) == [("also", 1), ("good", 1), ("welcome", 1)]
     again = json.loads(
-        ok(onward(db_url, "--app", "tag_app", "publish", "flows", "--json", cwd=app_dir))
+        ok(run_onward(db_url, "--app", "tag_app", "publish", "flows", "--json", cwd=app_dir))
     )
     assert [(a["automation_id"], a["created"], a["source"]) for a in again] == [
         ("also", False, "flows/also.json"),
@@ -205,7 +200,7 @@ def test_publish_a_folder_names_every_broken_file(
             "list.yaml": "- just\n- a list\n",
         },
     )
-    result = onward(db_url, "publish", "flows", cwd=tmp_path)
+    result = run_onward(db_url, "publish", "flows", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 2, lines
@@ -219,23 +214,23 @@ def test_publish_an_empty_folder_or_nothing_is_a_usage_problem(
 ) -> None:
     (tmp_path / "empty").mkdir()
     assert "empty: no *.yaml, *.yml, *.json files" in one_line(
-        onward(db_url, "publish", "empty", cwd=tmp_path)
+        run_onward(db_url, "publish", "empty", cwd=tmp_path)
     )
     message = "publish: give a FILE or DIR, or --app MODULE:ATTR naming your automations"
-    assert message in one_line(onward(db_url, "publish", cwd=tmp_path))
-    assert message in one_line(onward(db_url, "--app", "tag_app", "publish", cwd=app_dir))
+    assert message in one_line(run_onward(db_url, "publish", cwd=tmp_path))
+    assert message in one_line(run_onward(db_url, "--app", "tag_app", "publish", cwd=app_dir))
 
 
 def test_publish_the_apps_automations(
     db_url: str, app_dir: Path, sql: psycopg.Connection[dict[str, Any]]
 ) -> None:
-    out = ok(onward(db_url, "--app", "tag_app:flows", "publish", cwd=app_dir))
+    out = ok(run_onward(db_url, "--app", "tag_app:flows", "publish", cwd=app_dir))
     assert out.splitlines() == [
         "published tagged version 1  (tag_app:flows[0])",
         "published plain version 1  (tag_app:flows[1])",
     ]
     single = json.loads(
-        ok(onward(db_url, "--app", "tag_app:one_doc", "publish", "--json", cwd=app_dir))
+        ok(run_onward(db_url, "--app", "tag_app:one_doc", "publish", "--json", cwd=app_dir))
     )
     assert [(a["automation_id"], a["version"], a["created"], a["source"]) for a in single] == [
         ("tagged", 1, False, "tag_app:one_doc")
@@ -243,22 +238,21 @@ def test_publish_the_apps_automations(
     assert versions(sql) == [("plain", 1), ("tagged", 1)]
 
 
-def test_the_api_knows_the_apps_kinds(db_url: str, app_dir: Path, processes: list[Process]) -> None:
-    api = Process(db_url, "--app", "tag_app", "api", "--port", "0", cwd=app_dir)
-    processes.append(api)
-    url = api.api_url()
+def test_the_api_knows_the_apps_kinds(db_url: str, app_dir: Path, processes: Processes) -> None:
+    api = serve(processes, db_url, "api", "--port", "0", app="tag_app", cwd=app_dir)
+    url = api_url(api)
     with httpx.Client(base_url=url, timeout=10) as client:
         reply = client.post(
             "/v1/automations", content=TAG_YAML, headers={"content-type": "application/yaml"}
         )
         assert reply.status_code == 201, reply.text
-    assert api.stop() == 0
+    assert api.stop() == 0, api.log_text()
 
 
 def test_demo_runs_the_apps_first_automation(db_url: str, app_dir: Path) -> None:
     payload = json.dumps({"name": "Ada", "email": "ada@example.test"})
     out = ok(
-        onward(
+        run_onward(
             db_url, "--app", "tag_app:flows", "demo", "--payload", payload, cwd=app_dir, timeout=90
         )
     )
@@ -269,15 +263,12 @@ def test_demo_runs_the_apps_first_automation(db_url: str, app_dir: Path) -> None
 
 
 def test_up_publishes_the_apps_automations_and_runs_its_kinds(
-    db_url: str, app_dir: Path, processes: list[Process], sql: psycopg.Connection[dict[str, Any]]
+    db_url: str, app_dir: Path, processes: Processes, sql: psycopg.Connection[dict[str, Any]]
 ) -> None:
-    up = Process(db_url, "--app", "tag_app:flow", "up", "--port", "0", cwd=app_dir)
-    processes.append(up)
-    url = up.api_url()
+    up = serve(processes, db_url, "up", "--port", "0", app="tag_app:flow", cwd=app_dir)
+    url = api_url(up)
     assert up.find(r"published tagged version 1  \(tag_app:flow\)")
     run_id = deliver_and_complete(url, "tagged", {"name": "Bo", "email": "bo@example.test"})
-    assert up.stop() == 0, "".join(up.lines)
-    row = sql.execute(
-        "SELECT output FROM steps WHERE run_id = %s AND step_id = 'tag'", (run_id,)
-    ).fetchone()
-    assert row == {"output": {"tagged": "bo@example.test"}}
+    assert up.stop() == 0, up.log_text()
+    (tag,) = steps(sql, run_id, "tag")
+    assert tag["output"] == {"tagged": "bo@example.test"}

@@ -17,12 +17,18 @@ Waiting (:mod:`onward.testing.waiting`)
 Processes (:mod:`onward.testing.processes`)
     ``Process``: a child writing to a log file -- ``alive()``, ``signal(sig)``, ``kill()``,
     ``terminate()``, ``tell(line)`` (stdin), ``log_text()``, ``tail()``, ``read_new()``,
-    ``printed(prefix)``, ``await ready()``, ``await exited()``, and ``close()``, which always
-    reaps it. ``Processes(log_dir)``: the children of one test, closed together with their logs
-    printed. ``process_env(crash_at=, clock_offset=)``: a child's environment with a crash
-    point armed (``ONWARD_CRASH_AT``) and its clocks skewed (libfaketime). ``run_python(code,
-    *args, clock_offset=)`` runs a snippet in a fresh interpreter; ``loaded_modules(*imports)``
-    says which ``onward`` modules a fresh interpreter loads for those imports.
+    ``printed(prefix)``, ``find(pattern)`` (a regular expression, line by line),
+    ``await ready()``, ``await exited()``; blocking, for synchronous tests,
+    ``wait_for(pattern)``, ``wait()`` and ``stop()`` (SIGTERM, then the exit code); and
+    ``close()``, which always reaps it. ``Processes(log_dir)``: the children of one test,
+    closed together with their logs printed; ``start(argv, name)`` starts any command line,
+    ``onward(url, *args)`` a long-running ``onward`` command (``up``, ``api``, ``worker``).
+    ``process_env(crash_at=, clock_offset=)``: a child's environment with a crash point armed
+    (``ONWARD_CRASH_AT``) and its clocks skewed (libfaketime). ``onward_argv(url, *args)``: the
+    ``onward`` command line in this interpreter; ``run_onward(url, *args, env=, cwd=)`` runs a
+    short one to completion (its ``CompletedProcess``). ``run_python(code, *args,
+    clock_offset=)`` runs a snippet in a fresh interpreter; ``loaded_modules(*imports)`` says
+    which ``onward`` modules a fresh interpreter loads for those imports.
 
 Worker processes (:mod:`onward.testing.worker`)
     ``python -m onward.testing.worker worker|starter``: a real onward process (worker, relay,
@@ -52,7 +58,9 @@ from onward.testing.processes import (
     Processes,
     libfaketime,
     loaded_modules,
+    onward_argv,
     process_env,
+    run_onward,
     run_python,
 )
 from onward.testing.rows import (
@@ -83,8 +91,10 @@ __all__ = [
     "libfaketime",
     "loaded_modules",
     "lost_runs",
+    "onward_argv",
     "process_env",
     "run_effects",
+    "run_onward",
     "run_python",
     "run_row",
     "runs_without_way_forward",

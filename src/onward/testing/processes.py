@@ -5,9 +5,13 @@ file, signalled (SIGKILL, SIGTERM, SIGSTOP/SIGCONT), always reaped.
   (``crash_at``) or cleared, the wall and monotonic clocks moved with libfaketime
   (``clock_offset="+300"``);
 * :class:`Process`: one child and its log (``tell`` writes a line to its stdin, ``read_new``
-  reads what it wrote since the last call);
+  reads what it wrote since the last call, ``find``/``wait_for`` a line matching a pattern,
+  ``stop`` is SIGTERM and the exit code);
 * :class:`Processes`: the children of one test, reaped together, their logs printed at the
-  end (pytest shows them when the test failed);
+  end (pytest shows them when the test failed); ``Processes.onward(url, *args)`` starts a
+  long-running ``onward`` command (``up``, ``api``, ``worker``);
+* :func:`onward_argv` and :func:`run_onward`: the ``onward`` command in this interpreter, run
+  to completion (``publish``, ``start``, ``migrate``, ``doctor``...);
 * :func:`run_python` and :func:`loaded_modules`: a snippet in a fresh interpreter.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
 
-from onward.testing.waiting import eventually
+from onward.testing.waiting import eventually, eventually_sync
 
 if TYPE_CHECKING:
     from onward.config import Settings
@@ -164,6 +169,26 @@ class Process:
         """A line starting with ``prefix`` is in the log."""
         return ("\n" + prefix) in ("\n" + self.log_text())
 
+    def find(self, pattern: str) -> re.Match[str] | None:
+        """The first line of the log in which the regular expression ``pattern`` is found
+        (``re.search``), or None."""
+        for line in self.log_text().splitlines():
+            if found := re.search(pattern, line):
+                return found
+        return None
+
+    def wait_for(self, pattern: str, *, timeout: float = 30.0) -> re.Match[str]:
+        """Wait (blocking: for synchronous tests) until :meth:`find` finds ``pattern``; the
+        match. The child must stay alive meanwhile."""
+
+        def check() -> re.Match[str] | None:
+            assert self.alive(), f"{self.name} exited ({self.returncode}):\n{self.tail(3000)}"
+            return self.find(pattern)
+
+        found = eventually_sync(check, timeout=timeout, what=f"{self.name} printing {pattern!r}")
+        assert found is not None
+        return found
+
     async def ready(self, *, timeout: float = 30.0, line: str = "ready ") -> None:
         """Wait until the child printed a line starting with ``line``; it must stay alive."""
 
@@ -181,6 +206,21 @@ class Process:
 
         await eventually(gone, timeout=timeout, what=f"{self.name} to exit")
         return int(self.popen.returncode)
+
+    def wait(self, timeout: float = 20.0) -> int:
+        """Wait (blocking: for synchronous tests) until the child exits; its return code.
+        ``AssertionError`` with the end of its log if it still runs after ``timeout``."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{self.name} still running after {timeout}s:\n{self.tail(3000)}"
+            ) from None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (a graceful stop), then :meth:`wait`; the return code."""
+        self.terminate()
+        return self.wait(timeout)
 
     def close(self) -> None:
         """Kill the child if it still runs (SIGCONT first: a stopped one cannot die), reap it,
@@ -215,11 +255,40 @@ class Processes:
         stdin: bool = False,
         cwd: str | Path | None = None,
     ) -> Process:
+        """Start ``argv`` (any command line) in this group, its output in ``<name>.log``; a
+        name already taken in the group gets a suffix (``name-2``)."""
+        taken = {proc.name for proc in self.started}
+        unique, n = name, 1
+        while unique in taken:
+            n += 1
+            unique = f"{name}-{n}"
         proc = Process.start(
-            argv, name=name, log_path=self.log_dir / f"{name}.log", env=env, stdin=stdin, cwd=cwd
+            argv,
+            name=unique,
+            log_path=self.log_dir / f"{unique}.log",
+            env=env,
+            stdin=stdin,
+            cwd=cwd,
         )
         self.started.append(proc)
         return proc
+
+    def onward(
+        self,
+        database_url: str | None,
+        *args: str,
+        name: str = "onward",
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        log_level: str = "info",
+    ) -> Process:
+        """``onward --database-url URL ARGS`` (:func:`onward_argv`) in this group, logging at
+        ``log_level``; ``env`` adds to the environment. For the long-running commands (``up``,
+        ``api``, ``worker``): ``wait_for`` what they print, ``stop()`` them."""
+        extra = {"ONWARD_LOG_LEVEL": log_level, **(env or {})}
+        return self.start(
+            onward_argv(database_url, *args), name, env=process_env(extra=extra), cwd=cwd
+        )
 
     def worker(self, settings: Settings, name: str, **options: Any) -> Process:
         """A real onward process (:func:`onward.testing.worker.spawn_worker`) in this group."""
@@ -243,6 +312,34 @@ class Processes:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def onward_argv(database_url: str | None, *args: str) -> list[str]:
+    """The command line of ``onward [--database-url URL] ARGS`` in this interpreter."""
+    url = ["--database-url", database_url] if database_url is not None else []
+    return [sys.executable, "-m", "onward.cli", *url, *args]
+
+
+def run_onward(
+    database_url: str | None,
+    *args: str,
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    log_level: str = "warning",
+) -> subprocess.CompletedProcess[str]:
+    """Run ``onward --database-url URL ARGS`` to completion (``publish``, ``start``, ``show``,
+    ``migrate``, ``doctor``, ``bench``...), logging at ``log_level``; ``env`` adds to the
+    environment. Its exit code, stdout and stderr (text); it is not checked."""
+    return subprocess.run(
+        onward_argv(database_url, *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=process_env(extra={"ONWARD_LOG_LEVEL": log_level, **(env or {})}),
+        cwd=cwd,
+        check=False,
+    )
 
 
 def run_python(
