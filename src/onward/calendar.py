@@ -252,11 +252,13 @@ def occurrences(rule: Rule, tz: ZoneInfo, after: datetime, count: int) -> list[O
 
 def spread_offset(key: str, spread_s: float) -> float:
     """A deterministic offset in ``[0, spread_s)`` seconds, to millisecond precision: the same
-    key (a run id) always gets the same offset, so a recomputed timer keeps its place."""
-    if spread_s <= 0:
+    key (a run id) always gets the same offset, so a recomputed timer keeps its place. A
+    spread under a millisecond is no spread."""
+    window_ms = int(spread_s * 1000) if spread_s > 0 else 0
+    if window_ms <= 0:  # no spread, or one finer than the offset's millisecond resolution
         return 0.0
     digest = hashlib.sha256(key.encode()).digest()
-    return (int.from_bytes(digest[:8], "big") % int(spread_s * 1000)) / 1000
+    return (int.from_bytes(digest[:8], "big") % window_ms) / 1000
 
 
 #: The spread of a calendar wait unless its step says otherwise (R8): 10 minutes.
