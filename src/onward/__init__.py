@@ -29,6 +29,7 @@ from onward.errors import (
     UnknownAutomation,
     UnknownConnection,
     UnknownRun,
+    UnknownSchedule,
 )
 from onward.kinds import Advance, StepContext, Wait, registry, step_kind
 from onward.start import Started
@@ -61,6 +62,7 @@ __all__ = [
     "UnknownAutomation",
     "UnknownConnection",
     "UnknownRun",
+    "UnknownSchedule",
     "Wait",
     "classify",
     "register_connector",

@@ -29,6 +29,7 @@ POINTS = {
     "worker.after_wait": "waiting step settled: timer row + delayed outbox wake committed",
     "worker.before_settle_error": "handler raised (effect row withdrawn/unknown); retry not written",
     "timer.after_fire": "timers fired on their wake and steps made ready; local kick not done",
+    "schedule.after_start": "a schedule's run started (committed); the schedule not yet advanced",
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
+from onward import schedules as schedule_ops
 from onward import timers
 from onward.automations.document import AutomationDoc
 from onward.automations.versions import Published, VersionCache, publish, publish_all
@@ -244,3 +245,29 @@ class Engine:
         finally:
             svc.stop.set()
             await task
+
+    # -- schedules that start runs (onward.schedules) ----------------------------------------
+    async def schedules(self, automation_id: str | None = None) -> list[dict[str, Any]]:
+        """The organisation's schedules (of one automation), with their next instant, the
+        last firing and its run's status."""
+        return await schedule_ops.list_schedules(self.pool, self.org_id, automation_id)
+
+    async def pause_schedule(self, automation_id: str, schedule_id: str) -> dict[str, Any]:
+        return await schedule_ops.pause(self.pool, self.org_id, automation_id, schedule_id)
+
+    async def resume_schedule(
+        self, automation_id: str, schedule_id: str, *, catch_up: bool = False
+    ) -> dict[str, Any]:
+        """Resume; the paused period is replayed only with ``catch_up`` (by the schedule's
+        catch-up policy)."""
+        return await schedule_ops.resume(
+            self.pool, self.org_id, automation_id, schedule_id, catch_up=catch_up
+        )
+
+    async def trigger_schedule(
+        self, automation_id: str, schedule_id: str, *, key: str | None = None
+    ) -> schedule_ops.Triggered:
+        """Fire now, once, under the overlap policy; ``key`` makes a retry a duplicate."""
+        return await schedule_ops.trigger(
+            self.pool, self.org_id, automation_id, schedule_id, key=key
+        )

@@ -10,6 +10,7 @@ The hierarchy::
     ├── UnknownRun                  no run with that id in that organisation
     ├── UnknownAutomation           no published automation (or version) with that id
     ├── UnknownConnection           no connection with that id in that organisation
+    ├── UnknownSchedule             no schedule with that id on that automation
     ├── Unavailable                 the database cannot be reached now: try again later
     ├── PayloadTooLarge             an input/payload exceeds the configured limit; nothing stored
     ├── QueueMisconfigured          the queue cannot be used safely (e.g. Redis may evict keys)
@@ -82,6 +83,17 @@ class UnknownConnection(OnwardError):
     def __init__(self, org_id: str, connection_id: str) -> None:
         self.org_id, self.connection_id = org_id, connection_id
         super().__init__(f"unknown connection {connection_id!r} in organisation {org_id!r}")
+
+
+class UnknownSchedule(OnwardError):
+    """No schedule with this id exists on this automation (in this organisation)."""
+
+    def __init__(self, org_id: str, automation_id: str, schedule_id: str) -> None:
+        self.org_id, self.automation_id, self.schedule_id = org_id, automation_id, schedule_id
+        super().__init__(
+            f"unknown schedule {schedule_id!r} of automation {automation_id!r} "
+            f"in organisation {org_id!r}"
+        )
 
 
 class PayloadTooLarge(OnwardError):

@@ -53,3 +53,10 @@ def payload_start_key(automation_id: str, payload: Any) -> str:
 
 def event_start_key(automation_id: str, event_id: str) -> str:
     return f"{automation_id}:{event_id}"
+
+
+def schedule_start_key(automation_id: str, schedule_id: str, instant: str) -> str:
+    """A schedule's firing: ``<automation_id>:schedule:<schedule_id>:<instant>``, the instant in
+    UTC ISO 8601 (``2026-12-07T08:00:00Z``; a trigger's is ``trigger:<its key or instant>``).
+    The schedule id is part of it because one automation may carry several schedules."""
+    return f"{automation_id}:schedule:{schedule_id}:{instant}"

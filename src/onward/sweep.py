@@ -7,6 +7,7 @@ Every few seconds the leader:
    limit -- so one tenant's backlog of 200,000 timers cannot starve the others, and the cost of
    a batch does not grow with the backlog;
 2. lets organisations whose future timers came due rejoin the candidate set (``rediscover``);
+   then fires the due schedules that start runs, as fairly (:func:`onward.schedules.fire_due`);
 3. makes steps whose lease expired ready again (their worker died or stalled);
 4. ends waiting runs that outlived their maximum age (R13);
 5. prunes sent outbox rows.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from onward import leases, outbox, timers
+from onward import leases, outbox, schedules, timers
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
@@ -52,6 +53,7 @@ class SweepStats:
     rescued: int = 0
     expired: int = 0
     pruned: int = 0
+    scheduled: int = 0  # runs started by schedules
     lateness: list[float] = field(default_factory=list)
 
 
@@ -150,6 +152,7 @@ class Sweeper:
             if fired == 0:
                 break
         self.stats.fired += fired_total
+        self.stats.scheduled += await schedules.fire_due(self.pool)
         self.stats.rescued += await self.rescue()
         self.stats.expired += await self.expire_over_age()
         if self.stats.ticks % 100 == 0:

@@ -38,6 +38,7 @@ class Automation:
             self.budget["max_age"] = max_age
         self._steps: list[dict[str, Any]] = []
         self._explicit_next: set[int] = set()
+        self._schedules: list[dict[str, Any]] = []
 
     def step(
         self,
@@ -73,6 +74,36 @@ class Automation:
     def goto(self, step_id: str, target: str) -> Automation:
         return self.step(step_id, "goto", next=None, target=target)
 
+    def schedule(
+        self,
+        schedule_id: str,
+        rule: str,
+        *,
+        zone: str | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        jitter: str | float | None = None,
+        overlap: str | None = None,
+        catch_up: str | None = None,
+        input: dict[str, Any] | None = None,
+    ) -> Automation:
+        """Start runs on a calendar rule (see ``onward.schedules``): ``zone`` defaults to the
+        automation's timezone; ``overlap`` skip|allow|buffer_one, ``catch_up``
+        skip|latest|all."""
+        given = {
+            "zone": zone,
+            "start": start,
+            "end": end,
+            "jitter": jitter,
+            "overlap": overlap,
+            "catch_up": catch_up,
+            "input": input,
+        }
+        entry: dict[str, Any] = {"id": schedule_id, "rule": rule}
+        entry.update({k: v for k, v in given.items() if v is not None})
+        self._schedules.append(entry)
+        return self
+
     def build(self) -> dict[str, Any]:
         steps = [dict(s) for s in self._steps]
         for i, s in enumerate(steps[:-1]):
@@ -83,4 +114,6 @@ class Automation:
             doc["name"] = self.name
         if self.budget:
             doc["budget"] = dict(self.budget)
+        if self._schedules:
+            doc["schedules"] = [dict(s) for s in self._schedules]
         return doc

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -78,6 +79,29 @@ class StepDef(BaseModel):
     description: str | None = None
 
 
+class ScheduleDef(BaseModel):
+    """A schedule that starts runs (``onward.schedules``): a calendar ``rule`` read on the wall
+    clock of ``zone``, optionally bounded by ``start``/``end`` (a date-time without an offset
+    is local to ``zone``), with a deterministic ``jitter`` (a duration) added to when each
+    firing happens, never to its identity."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=ID_PATTERN)
+    rule: str = Field(min_length=1, max_length=2000, description="e.g. '09:00 on weekdays'")
+    zone: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="an IANA zone (Europe/Berlin); default: the automation's timezone",
+    )
+    start: datetime | None = None
+    end: datetime | None = None
+    jitter: str | float = 0.0
+    overlap: Literal["skip", "allow", "buffer_one"] = "skip"
+    catch_up: Literal["skip", "latest", "all"] = "latest"
+    input: dict[str, Any] | None = None
+
+
 class AutomationDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=ID_PATTERN)
@@ -88,6 +112,7 @@ class AutomationDoc(BaseModel):
     timezone: str | None = None
     budget: Budget = Field(default_factory=Budget)
     steps: list[StepDef] = Field(min_length=1)
+    schedules: list[ScheduleDef] | None = Field(default=None, max_length=100)
 
     @property
     def start_step(self) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from onward import schedules
 from onward.automations.document import AutomationDoc, parse_model
 from onward.calendar import UnknownZone, zone
 from onward.durations import parse_duration
@@ -74,6 +75,7 @@ def validate(data: dict[str, Any] | AutomationDoc, registry: Registry) -> Automa
             )
         edges.setdefault(step.id, []).extend(spec.successors(step, params))
 
+    problems.extend(schedules.check(doc))
     if doc.start is not None and doc.start not in ids:
         problems.append(f"start {doc.start!r} is not a step")
     for source, targets in edges.items():

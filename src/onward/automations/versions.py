@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from onward import schedules
 from onward.automations.document import AutomationDoc
 from onward.automations.validate import validate
 from onward.db import Conn, Pool
@@ -121,6 +122,7 @@ async def _store(conn: Conn, org_id: str, doc: AutomationDoc, kinds: Registry) -
             "max_age_s": doc.budget.max_age_seconds,
         },
     )
+    await schedules.sync(conn, org_id, doc, version)  # its schedule rows, in this transaction
     return Published(doc.id, version, digest, created=True)
 
 

@@ -160,6 +160,41 @@ CREATE INDEX runs_listing ON public.runs USING btree (org_id, created_at DESC);
 CREATE INDEX runs_unfinished ON public.runs USING btree (org_id, status) WHERE (finished_at IS NULL);
 CREATE INDEX runs_waiting_deadline ON public.runs USING btree (org_id, deadline_at) WHERE (status = ANY (ARRAY['waiting'::text, 'parked'::text]));
 
+CREATE TABLE schedules (
+    org_id text NOT NULL,
+    automation_id text NOT NULL,
+    schedule_id text NOT NULL,
+    version integer NOT NULL,
+    rule text NOT NULL,
+    zone text NOT NULL,
+    start_at timestamp with time zone,
+    end_at timestamp with time zone,
+    jitter_s double precision NOT NULL DEFAULT 0,
+    overlap text NOT NULL,
+    catch_up text NOT NULL,
+    input jsonb NOT NULL DEFAULT '{}'::jsonb,
+    paused boolean NOT NULL DEFAULT false,
+    paused_at timestamp with time zone,
+    next_instant timestamp with time zone,
+    next_fire_at timestamp with time zone,
+    buffered_instant timestamp with time zone,
+    last_instant timestamp with time zone,
+    last_outcome text,
+    last_fired_at timestamp with time zone,
+    last_run_id text,
+    fired_count integer NOT NULL DEFAULT 0,
+    skipped_count integer NOT NULL DEFAULT 0,
+    error text,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT schedules_catch_up_check CHECK ((catch_up = ANY (ARRAY['skip'::text, 'latest'::text, 'all'::text]))),
+    CONSTRAINT schedules_jitter_s_check CHECK ((jitter_s >= (0)::double precision)),
+    CONSTRAINT schedules_last_outcome_check CHECK ((last_outcome = ANY (ARRAY['started'::text, 'duplicate'::text, 'skipped'::text, 'buffered'::text, 'missed'::text, 'triggered'::text, 'failed'::text]))),
+    CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'allow'::text, 'buffer_one'::text]))),
+    CONSTRAINT schedules_pkey PRIMARY KEY (org_id, automation_id, schedule_id)
+);
+CREATE INDEX schedules_due ON public.schedules USING btree (org_id, next_fire_at) WHERE ((NOT paused) AND (next_fire_at IS NOT NULL));
+
 CREATE TABLE steps (
     org_id text NOT NULL,
     run_id text NOT NULL,
