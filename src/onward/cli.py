@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import psycopg
 import typer
 
+from onward.cli_schedules import schedules_app
 from onward.config import QUEUES, Settings
 from onward.errors import InvalidAutomation, InvalidInput, OnwardError
 from onward.userapp import Document, UserApp, load_app
@@ -61,6 +62,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+app.add_typer(schedules_app)  # onward schedules list|pause|resume|trigger
 
 
 class UsageProblem(Exception):

@@ -54,6 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onward.api import schedules as schedule_routes
 from onward.api.models import (
     MAX_EVENT_ID,
     NO_NUL,
@@ -666,6 +667,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         )
         return SuppressionAnswer(contact=body.contact.lower(), channel=body.channel)
 
+    app.include_router(schedule_routes.router())
     _document_automation_schema(app)
     return app
 

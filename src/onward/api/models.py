@@ -32,8 +32,8 @@ class ErrorBody(BaseModel):
 
     error: str = Field(
         description="what went wrong: unknown_run, unknown_automation, unknown_connection, "
-        "not_found, method_not_allowed, payload_too_large, invalid_input, invalid_request, "
-        "invalid_automation, unavailable, internal"
+        "unknown_schedule, not_found, method_not_allowed, payload_too_large, invalid_input, "
+        "invalid_request, invalid_automation, unavailable, internal"
     )
     detail: str = Field(description="one line for a person")
     problems: list[str] | None = Field(
@@ -242,3 +242,60 @@ class SuppressionIn(BaseModel):
 class SuppressionAnswer(BaseModel):
     contact: str = Field(description="as stored: lower case")
     channel: str
+
+
+# -- schedules that start runs -------------------------------------------------------------
+
+
+class ScheduleView(BaseModel):
+    """A schedule (``GET /v1/schedules``, ``onward schedules list --json``): what it is, where
+    it stands, and what its last firing did."""
+
+    automation_id: str
+    schedule_id: str
+    version: int = Field(description="the automation version that last synced it")
+    rule: str
+    zone: str
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    jitter_s: float
+    overlap: str = Field(description="skip | allow | buffer_one")
+    catch_up: str = Field(description="skip | latest | all")
+    input: Any = None
+    paused: bool
+    paused_at: datetime | None = None
+    next_instant: datetime | None = Field(
+        default=None, description="the next firing's instant (its identity); null: none left"
+    )
+    next_fire_at: datetime | None = Field(
+        default=None, description="when the sweep fires it: the instant plus its jitter"
+    )
+    buffered_instant: datetime | None = Field(
+        default=None, description="buffer_one: the firing waiting for the unfinished run"
+    )
+    last_instant: datetime | None = None
+    last_outcome: str | None = Field(
+        default=None,
+        description="started | duplicate | skipped | buffered | missed | triggered | failed",
+    )
+    last_fired_at: datetime | None = None
+    last_run_id: str | None = None
+    last_run_status: str | None = None
+    fired_count: int
+    skipped_count: int
+    error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class TriggerAnswer(BaseModel):
+    automation_id: str
+    schedule_id: str
+    outcome: str = Field(
+        description="started | duplicate (this key already started run_id) | skipped (overlap: "
+        "run_id is the unfinished run)"
+    )
+    instant: datetime = Field(description="now, by the database clock")
+    run_id: str | None = None
+    start_key: str | None = None
+    reason: str | None = None

@@ -73,7 +73,11 @@ Out = Callable[[str], None]
 # listed with the reason; any other (new) point is armed in worker processes.
 STARTER_POINTS = ("start.after_commit",)
 LEADER_POINTS = ("sweep.after_claim", "sweep.after_fire")
-UNREACHABLE = {"signal.after_claim": "no code calls it yet (no signals module)"}
+UNREACHABLE = {
+    "signal.after_claim": "no code calls it yet (no signals module)",
+    "schedule.after_start": "the scenario has no schedules "
+    "(tests/acceptance/test_schedule_crash.py kills a sweeper there)",
+}
 SHUTDOWN_POINT = "shutdown.before_release"
 ERROR_POINT = "worker.before_settle_error"
 CLOCK_SKEW = "+300"  # the leader's clock runs five minutes fast
