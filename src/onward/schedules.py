@@ -292,7 +292,7 @@ async def sync(conn: Conn, org_id: str, doc: AutomationDoc, version: int) -> Non
         else:
             try:
                 next_instant = await asyncio.to_thread(t.after, now)
-            except (RuleError, OverflowError) as exc:
+            except (ValueError, OverflowError) as exc:
                 problems.append(f"schedule {sd.id}: rule: {exc}")
                 continue
             next_fire_at = t.fire_at_or_none(next_instant)
@@ -450,7 +450,7 @@ async def _visit(pool: Pool, row: dict[str, Any]) -> _Visit:
     try:
         t = Timing.from_row(row)
         p = await asyncio.to_thread(plan, t, row["next_instant"], row["catch_up"], row["now"])
-    except (RuleError, OverflowError) as exc:  # e.g. a zone the tz database no longer has
+    except (ValueError, OverflowError) as exc:  # RuleError: e.g. a zone the tz data lost
         visit.stop(str(exc))
         return visit
     visit.next_instant, visit.next_fire_at = p.next_instant, p.next_fire_at
@@ -595,7 +595,7 @@ async def resume(
                     t = Timing.from_row(row)
                     next_instant = await asyncio.to_thread(t.after, row["now"])
                     next_fire_at = t.fire_at_or_none(next_instant)
-                except (RuleError, OverflowError) as exc:
+                except (ValueError, OverflowError) as exc:
                     next_instant = next_fire_at = None
                     error = f"stopped: {exc}; publish a corrected schedule"
                 if row["buffered_instant"] is not None:
