@@ -3,7 +3,9 @@ then count what survived.
 
 Set-up: a scratch database on the configured server (or the embedded one), the sandbox
 providers in a child process with a little of every provider fault, one connection per
-provider, the scenario published (:mod:`onward.chaos.scenario`).
+provider, the scenario published (:mod:`onward.chaos.scenario`), and beside it, in an
+organisation of its own, an automation whose schedule starts a run every 3 s
+(``scenario.clock_document``), so the leader is killed while it fires schedules too.
 
 Processes (all ``python -m onward.testing.worker``, each with its own ``application_name``):
 
@@ -29,8 +31,10 @@ longer come is counted as missed), or at the time limit.
 
 Figures: runs started (exactly one per event), completed, parked for review by provider,
 lost (no durable way forward, or unfinished at the end), transitions applied twice (history),
-provider duplicates (sandbox ledger), kills per point, unexpected exits, the doctor (R16).
-``ok`` iff nothing was lost, nothing applied twice and no idempotent provider did work twice.
+provider duplicates (sandbox ledger), scheduled firings (one run per instant, none missing
+between the first and the last, repeats acknowledged as duplicates), kills per point,
+unexpected exits, the doctor (R16). ``ok`` iff nothing was lost, nothing applied twice, no
+idempotent provider did work twice and no scheduled firing went without its run.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import os
 import random
 import secrets
@@ -49,12 +54,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
+from onward.automations.versions import publish
 from onward.bench.db import scratch_database
 from onward.chaos import scenario
 from onward.chaos.faults import BackendKiller
@@ -72,12 +79,8 @@ Out = Callable[[str], None]
 # Which process can reach each crash point. Points no process of the scenario reaches are
 # listed with the reason; any other (new) point is armed in worker processes.
 STARTER_POINTS = ("start.after_commit",)
-LEADER_POINTS = ("sweep.after_claim", "sweep.after_fire")
-UNREACHABLE = {
-    "signal.after_claim": "no code calls it yet (no signals module)",
-    "schedule.after_start": "the scenario has no schedules "
-    "(tests/acceptance/test_schedule_crash.py kills a sweeper there)",
-}
+LEADER_POINTS = ("sweep.after_claim", "sweep.after_fire", "schedule.after_start")
+UNREACHABLE = {"signal.after_claim": "no code calls it yet (no signals module)"}
 SHUTDOWN_POINT = "shutdown.before_release"
 ERROR_POINT = "worker.before_settle_error"
 CLOCK_SKEW = "+300"  # the leader's clock runs five minutes fast
@@ -162,6 +165,9 @@ class Report:
     leases_taken_early: int = 0
     stale_settles_refused: int = 0
     clock_skew: str | None = None
+    scheduled_firings: int = 0  # runs the clock's schedule started (scenario.CLOCK_ORG)
+    scheduled_gaps: int = 0  # instants between its first and last firing with no run
+    scheduled_repeats: int = 0  # firings repeated after a kill, acknowledged as duplicates
     doctor: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
     time_limit_s: float = 0.0
@@ -178,7 +184,12 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.double_transitions == 0 and self.idempotent_duplicates == 0
+        return (
+            self.lost == 0
+            and self.double_transitions == 0
+            and self.idempotent_duplicates == 0
+            and self.scheduled_gaps == 0
+        )
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -220,6 +231,9 @@ class Report:
             f"repeated calls (harmless)    model generations {self.model_repeats}, "
             f"CRM upserts {self.crm_repeat_upserts}",
             f"completed runs missing work  {self.missing_effects}",
+            f"scheduled firings            {self.scheduled_firings}   (every "
+            f"{scenario.CLOCK_EVERY_S} s: {self.scheduled_gaps} missing, "
+            f"{self.scheduled_repeats} repeated after a kill as duplicates)",
             "ledger                       "
             + ", ".join(f"{p} {n}" for p, n in sorted(self.ledger.items())),
             f"leases taken before lapsing  {self.leases_taken_early}"
@@ -271,6 +285,8 @@ class Report:
             out.append(f"{self.double_transitions} transitions applied twice")
         if self.idempotent_duplicates:
             out.append(f"{self.idempotent_duplicates} duplicate effects at idempotent providers")
+        if self.scheduled_gaps:
+            out.append(f"{self.scheduled_gaps} scheduled firings without a run")
         return out
 
 
@@ -329,6 +345,7 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[str]
         ).fetchone()["n"]  # type: ignore[index]
         report.doubles = double_transitions(conn, org=org)
         report.double_transitions = sum(report.doubles.values())
+        _clock_figures(conn, report)
         report.leases_taken_early = conn.execute(
             "SELECT count(*) AS n FROM history WHERE org_id = %s AND event = 'lease_expired'"
             " AND (detail->>'lease_until')::timestamptz > at",
@@ -347,6 +364,27 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[str]
             ).fetchall()
         }
     return unfinished | stuck, completed, charged
+
+
+def _clock_figures(conn: psycopg.Connection[dict[str, Any]], report: Report) -> None:
+    """The clock's firings: one run per instant, no instant skipped between the first and the
+    last, and how many were repeated (a sweeper killed after the start, before the advance)."""
+    instants = sorted(
+        datetime.fromisoformat(r["instant"])
+        for r in conn.execute(
+            "SELECT input->'schedule'->>'instant' AS instant FROM runs WHERE org_id = %s",
+            (scenario.CLOCK_ORG,),
+        ).fetchall()
+    )
+    report.scheduled_firings = len(instants)
+    step = timedelta(seconds=scenario.CLOCK_EVERY_S)
+    report.scheduled_gaps = sum(
+        round((later - earlier) / step) - 1 for earlier, later in itertools.pairwise(instants)
+    )
+    report.scheduled_repeats = conn.execute(
+        "SELECT count(*) AS n FROM history WHERE org_id = %s AND event = 'start_duplicate'",
+        (scenario.CLOCK_ORG,),
+    ).fetchone()["n"]  # type: ignore[index]
 
 
 def _ledger_figures(
@@ -916,6 +954,9 @@ class _Chaos:
 async def _setup(settings: Settings, sandbox_url: str) -> None:
     async with Engine.open(settings, migrate=False, start_queue=False, pool_size=2) as engine:
         await engine.publish(scenario.document())
+        await publish(
+            engine.pool, scenario.CLOCK_ORG, scenario.clock_document(), registry=engine.registry
+        )
         await scenario.add_connections(engine.integrations, settings.org_id, sandbox_url)
 
 

@@ -14,6 +14,7 @@ Each run is started by a webhook-like event id (``evt-<i>``), delivered twice.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from onward.automations.builder import Automation
@@ -50,6 +51,31 @@ def payload(i: int) -> dict[str, Any]:
 def charges(runs: int) -> int:
     """How many of ``runs`` runs (events 0..runs-1) reach the payment step."""
     return sum(1 for i in range(runs) if payload(i)["charge"])
+
+
+# A schedule beside the scenario, so the elected sweeper fires runs while it is killed (crash
+# point schedule.after_start). Its runs live in an organisation of their own: the scenario's
+# figures stay the scenario's.
+CLOCK_ORG = "chaos-clock"
+CLOCK = "chaos-clock"
+CLOCK_EVERY_S = 3
+CLOCK_FIRINGS = 200  # ten minutes of firings; a COUNT keeps each calendar step cheap
+
+
+def clock_document() -> dict[str, Any]:
+    """An automation started every few seconds by its schedule (overlap allow, catch-up all:
+    every instant must start exactly one run, whatever was killed)."""
+    first = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    rule = (
+        f"DTSTART:{first:%Y%m%dT%H%M%S}\n"
+        f"RRULE:FREQ=SECONDLY;INTERVAL={CLOCK_EVERY_S};COUNT={CLOCK_FIRINGS}"
+    )
+    flow = (
+        Automation(CLOCK)
+        .step("tick", "set", values={"at": "input.schedule.instant"})
+        .schedule("tick", rule, zone="UTC", overlap="allow", catch_up="all")
+    )
+    return flow.build()
 
 
 def document(wait: str = "1s") -> dict[str, Any]:
