@@ -55,6 +55,8 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     assert report.duplicates == {"email": 0, "crm": 0}
     assert report.payment_duplicates == 0
     assert report.missing_effects == 0
+    # the schedule beside the scenario fired throughout: one run per instant, none missing
+    assert report.scheduled_firings > 0 and report.scheduled_gaps == 0
     assert report.ledger["email"] == report.ledger["crm"] >= report.completed
     # the fence and the lease held, with the sweeper's clock skewed
     assert report.leases_taken_early == 0
