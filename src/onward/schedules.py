@@ -668,5 +668,7 @@ async def trigger(
                 "skipped": 0,
             },
         )
-    log.info("schedule %s/%s triggered: %s %s", automation_id, schedule_id, outcome, started.run_id)
+    log.debug(
+        "schedule %s/%s triggered: %s %s", automation_id, schedule_id, outcome, started.run_id
+    )
     return Triggered(automation_id, schedule_id, outcome, instant, started.run_id, start_key)
