@@ -22,7 +22,8 @@ Rules (:func:`parse_rule`), as one string:
   day);
 * ``RRULE:FREQ=MONTHLY;BYMONTHDAY=-1;BYHOUR=17;BYMINUTE=0`` (or ``FREQ=...``), optionally after a
   ``DTSTART:YYYYMMDDTHHMMSS`` line; without one, intervals count from the start of the
-  reference day. ``BYMONTHDAY=31`` skips months that have no 31st (RFC 5545); ``-1`` is the
+  reference day (of its hour for MINUTELY and SECONDLY rules). ``BYMONTHDAY=31`` skips
+  months that have no 31st (RFC 5545); ``-1`` is the
   last day;
 * ``at 2026-12-24T09:00`` -- one local date-time.
 
@@ -52,6 +53,7 @@ MAX_SHIFT = timedelta(hours=3)
 MAX_CANDIDATES = 100_000
 
 _DAYS = {"mon": "MO", "tue": "TU", "wed": "WE", "thu": "TH", "fri": "FR", "sat": "SA", "sun": "SU"}
+_FINE_FREQ = re.compile(r"FREQ=(SECONDLY|MINUTELY)", re.IGNORECASE)
 _SUGAR = re.compile(
     r"^(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?\s+"
     r"(?P<when>every day|daily|on weekdays|on weekends|on the last day|on day [\d,\s]+|"
@@ -86,11 +88,12 @@ class Rule:
         if self.kind == "cron":
             yield from CronSim(self.spec, start)
             return
-        rule = _rrule(self.spec, start.replace(hour=0, minute=0, second=0, microsecond=0))
-        current = rule.after(start, inc=False)
-        while current is not None:
-            yield current
-            current = rule.after(current, inc=False)
+        # Without a DTSTART, intervals count from the start of the reference day -- or of its
+        # hour for rules finer than hourly, which dateutil would otherwise walk from midnight.
+        fine = _FINE_FREQ.search(self.spec) is not None
+        anchor = start.replace(minute=0, second=0, microsecond=0)
+        rule = _rrule(self.spec, anchor if fine else anchor.replace(hour=0))
+        yield from rule.xafter(start, inc=False)  # one pass: each wall time computed once
 
 
 @dataclass(frozen=True)
@@ -221,13 +224,19 @@ def next_occurrence(rule: Rule, tz: ZoneInfo, after: datetime) -> Occurrence | N
     if after.tzinfo is None:
         raise ValueError("after must be an aware datetime")
     after_utc = after.astimezone(UTC)
-    # A wall time up to MAX_SHIFT before the reference can still resolve after it (a gap moves
-    # it forward), and one later in the list can resolve earlier than one before it: keep the
-    # earliest instant among the candidates near the first hit.
-    start = after_utc.astimezone(tz).replace(tzinfo=None) - MAX_SHIFT
+    start = after_utc.astimezone(tz).replace(tzinfo=None)
+    # Wall times map to instants in order, except in a gap, which moves a wall time forward
+    # past real ones. So: a wall time before the reference can resolve after it only across a
+    # transition -- look back MAX_SHIFT only when the zone changes its offset in that window;
+    # and a later wall time can resolve earlier than the best only while the best is a moved
+    # one -- look ahead only up to where it was moved to.
+    if (after_utc - MAX_SHIFT).astimezone(tz).utcoffset() != after_utc.astimezone(tz).utcoffset():
+        start -= MAX_SHIFT
     best: Occurrence | None = None
     for n, wall in enumerate(rule.walls(start)):
-        if best is not None and wall > best.wall + MAX_SHIFT:
+        if best is not None and (
+            best.substitution != "gap" or wall > best.local.replace(tzinfo=None)
+        ):
             break
         if n >= MAX_CANDIDATES:
             raise RuleError(f"{rule.source!r} found no occurrence in {MAX_CANDIDATES} candidates")
