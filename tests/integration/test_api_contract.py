@@ -15,6 +15,10 @@ Two choices of the run are deliberate, and documented in the API itself:
 * ``POST /v1/automations`` may answer 422 to a schema-valid document: the schema describes the
   document's shape; its graph (known step kinds, transitions to existing steps, valid CEL,
   reachable steps) is checked on publish and no JSON Schema can express it.
+* the timers routes may answer 422 to a schema-valid request for the same reason: a rule is a
+  small language (cron, RRULE, "09:00 on weekdays") and a zone an IANA name this process's tz
+  database knows, both checked by ``onward.calendar``; and a recompute must say which timers
+  (a run, a contact, an automation, or every organisation's, alone).
 """
 
 from __future__ import annotations
@@ -54,9 +58,10 @@ CONFIG = {
     "checks": {"enabled": True},
     "operations": [
         {
-            "include-name": "POST /v1/automations",
+            "include-name": name,
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
         }
+        for name in ("POST /v1/automations", "GET /v1/timers/preview", "POST /v1/timers/recompute")
     ],
 }
 
