@@ -287,7 +287,8 @@ async def test_health_reports_a_notify_queue_held_by_a_listener_in_a_transaction
             (f"{queue.prefix}_held",),
         )
         queue.notify_queue_limit = 0.0
-        [problem] = await queue.health()
+        # the server accounts its queue by pages, asynchronously: poll until it shows
+        [problem] = await eventually(queue.health, timeout=15, what="the held queue reported")
         assert "NOTIFY queue is" in problem and "stuck inside a transaction" in problem
         await holder.execute("COMMIT")
     queue.notify_queue_limit = 0.5
