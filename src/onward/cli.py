@@ -724,6 +724,8 @@ BENCHES = {
     "latency": "onward.bench.latency",
     "throughput": "onward.bench.throughput",
     "start": "onward.bench.start",
+    "monday": "onward.bench.monday",
+    "recompute": "onward.bench.recompute",
 }
 
 

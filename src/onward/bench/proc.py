@@ -45,10 +45,10 @@ def _cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _settings(url: str, org: str, **kw: Any) -> Any:
+def _settings(url: str, org: str, queue: str = "postgres", **kw: Any) -> Any:
     from onward.config import Settings
 
-    return Settings(database_url=url, org_id=org, queue="postgres", **kw)
+    return Settings(database_url=url, org_id=org, queue=queue, **kw)
 
 
 async def warm_pool(pool: Any, n: int) -> None:
@@ -178,7 +178,7 @@ async def _worker(a: argparse.Namespace) -> None:
     from onward.engine import Engine
     from onward.worker import Worker, lanes_from_spec
 
-    settings = _settings(a.url, a.org, poll_seconds=a.poll, sweep_seconds=a.sweep)
+    settings = _settings(a.url, a.org, a.queue, poll_seconds=a.poll, sweep_seconds=a.sweep)
     lanes = lanes_from_spec(a.lanes, {})
     sql = SqlCounter() if a.count_sql else None
     if sql is not None:
@@ -309,6 +309,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--pool", type=int, default=10)
     w.add_argument("--poll", type=float, default=2.0)
     w.add_argument("--sweep", type=float, default=2.0)
+    w.add_argument("--queue", choices=("postgres", "none"), default="postgres")
     w.add_argument("--automation", action="append", default=[])
     w.add_argument("--relay", action=argparse.BooleanOptionalAction, default=True)
     w.add_argument("--sweeper", action=argparse.BooleanOptionalAction, default=True)
