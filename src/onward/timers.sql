@@ -11,14 +11,21 @@
 -- wake names its wake number: the wake of a timer recomputed since (wake_n moved on) does
 -- nothing; the sweep names none and fires what is due.
 WITH picked AS (
+    -- one primary-key lookup per named timer, whatever the statistics say (a Monday burst is
+    -- exactly when they are stale), in one order, skipping timers another fire holds
     SELECT t.org_id, t.timer_id
-    FROM timers t
-    JOIN unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[], %(wake_ns)s::int[])
-         AS x(org_id, timer_id, wake_n)
-      ON t.org_id = x.org_id AND t.timer_id = x.timer_id
+    FROM (SELECT * FROM unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[], %(wake_ns)s::int[])
+                           AS u(org_id, timer_id, wake_n)
+          ORDER BY org_id, timer_id) AS x
+    CROSS JOIN LATERAL (
+        -- by the key alone (no fired_at here: that would invite the partial timers_due index,
+        -- which stale statistics make the planner scan per timer)
+        SELECT timers.org_id, timers.timer_id, timers.fired_at, timers.wake_n FROM timers
+        WHERE timers.org_id = x.org_id AND timers.timer_id = x.timer_id
+        OFFSET 0  -- a fence: keeps the outer filter from being pushed in here
+        FOR UPDATE SKIP LOCKED
+    ) AS t
     WHERE t.fired_at IS NULL AND (x.wake_n IS NULL OR t.wake_n = x.wake_n)
-    ORDER BY t.org_id, t.timer_id
-    FOR UPDATE OF t SKIP LOCKED
 ),
 f AS (
     UPDATE timers t SET fired_at = now(), fired_by = %(by)s
