@@ -113,35 +113,13 @@ async def test_recompute_a_contacts_timers_from_the_cli(
             return await engine.status(run_id) == "waiting"
 
         await eventually(waiting, what="the run waiting")
-    result = run_onward(
-        db_url,
-        "--org",
-        "test",
-        "timers",
-        "recompute",
-        "--contact",
-        "maya",
-        "--zone",
-        "America/New_York",
-        "--json",
-    )
+    move = ("--org", "test", "timers", "recompute", "--contact", "maya")
+    result = run_onward(db_url, *move, "--zone", "America/New_York", "--json")
     assert result.returncode == 0, result.stderr
     done = json.loads(result.stdout)
     assert (done["examined"], done["moved"]) == (1, 1)
     row = sql.execute("SELECT intent, wake_n FROM timers WHERE run_id = %s", (run_id,)).fetchone()
     assert row is not None and row["intent"]["zone"] == "America/New_York" and row["wake_n"] == 2
-    again = json.loads(
-        run_onward(
-            db_url,
-            "--org",
-            "test",
-            "timers",
-            "recompute",
-            "--contact",
-            "maya",
-            "--zone",
-            "America/New_York",
-            "--json",
-        ).stdout
-    )
+    # the same inputs again: examined, nothing moves
+    again = json.loads(run_onward(db_url, *move, "--zone", "America/New_York", "--json").stdout)
     assert (again["examined"], again["moved"], again["unchanged"]) == (1, 0, 1)
