@@ -1,6 +1,9 @@
 """A small synchronous client for the sandbox's ``/_admin`` endpoints.
 
-Used by tests and by the chaos runner to set faults, revoke accounts and read the ledger.
+Used by tests and by the chaos runner to set faults, revoke accounts and read the ledger, and to
+play the people on the other side: click a button in a Slack approval message
+(:meth:`SandboxAdmin.click`), answer an email (:meth:`SandboxAdmin.reply`). The endpoints behind
+these are documented in :mod:`onward.sandbox.slack` and :mod:`onward.sandbox.email`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
+
+# How long the sandbox waits for the engine to answer one click or one email delivery.
+_DELIVERY_TIMEOUT_S = 10.0
 
 
 class SandboxAdminError(RuntimeError):
@@ -99,6 +105,118 @@ class SandboxAdmin:
                     f"expected at least {count}"
                 )
             time.sleep(0.02)
+
+    # --- Slack ---------------------------------------------------------------------------------
+
+    def slack_app(self, account: str, interactivity_url: str, signing_secret: str) -> None:
+        """Register workspace ``account``'s Slack app: where its clicks go, what signs them."""
+        self._call(
+            "POST",
+            "/_admin/slack/app",
+            json={
+                "account": account,
+                "interactivity_url": interactivity_url,
+                "signing_secret": signing_secret,
+            },
+        )
+
+    def slack_messages(
+        self, channel: str | None = None, account: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Posted messages, oldest first: ``account, channel, ts, text, blocks, updates``."""
+        query = {k: v for k, v in {"channel": channel, "account": account}.items() if v is not None}
+        messages: list[dict[str, Any]] = self._call("GET", "/_admin/slack/messages", params=query)[
+            "data"
+        ]
+        return messages
+
+    def click(
+        self,
+        ts: str | None = None,
+        action_id: str | None = None,
+        user: str | None = None,
+        *,
+        account: str | None = None,
+        user_name: str | None = None,
+        forge: bool = False,
+        timestamp_offset_s: int = 0,
+        reserialise: bool = False,
+        retry_num: int | None = None,
+        replay: bool = False,
+    ) -> dict[str, Any]:
+        """``user`` clicks button ``action_id`` of message ``ts``; the signed interaction is
+        POSTed to the engine. Returns ``{"status", "body", "request": {"url", "timestamp",
+        "signature", "body", "headers"}}`` (``status`` None and an ``error`` if the engine was
+        unreachable). Knobs: ``forge`` (wrong secret), ``timestamp_offset_s`` (signature that
+        old), ``reserialise`` (body re-encoded after signing), ``retry_num`` (Slack retry
+        headers), ``replay`` (resend the account's previous click byte for byte; the account is
+        ``account``, else the account of message ``ts``)."""
+        body: dict[str, Any] = {
+            "forge": forge,
+            "timestamp_offset_s": timestamp_offset_s,
+            "reserialise": reserialise,
+            "retry_num": retry_num,
+            "replay": replay,
+        }
+        optional = {
+            "ts": ts,
+            "action_id": action_id,
+            "user": user,
+            "account": account,
+            "user_name": user_name,
+        }
+        body.update({k: v for k, v in optional.items() if v is not None})
+        # The sandbox waits up to 10 s for the engine's answer: wait a little longer than that.
+        result: dict[str, Any] = self._call(
+            "POST", "/_admin/slack/click", json=body, timeout=_DELIVERY_TIMEOUT_S + 5
+        )
+        return result
+
+    # --- email ---------------------------------------------------------------------------------
+
+    def email_inbound(self, account: str, inbound_url: str) -> None:
+        """Deliver replies to ``account``'s messages to ``inbound_url``."""
+        self._call(
+            "POST", "/_admin/email/inbound", json={"account": account, "inbound_url": inbound_url}
+        )
+
+    def email_messages(self, account: str | None = None) -> list[dict[str, Any]]:
+        """Every email, sent and received, oldest first, with ``account`` and ``direction``
+        (``"outbound"`` or ``"inbound"``)."""
+        query = {"account": account} if account is not None else {}
+        messages: list[dict[str, Any]] = self._call("GET", "/_admin/email/messages", params=query)[
+            "data"
+        ]
+        return messages
+
+    def reply(
+        self,
+        message_id: str,
+        text: str = "",
+        *,
+        sender: str | None = None,
+        event_id: str | None = None,
+        deliveries: int = 1,
+        kind: str = "reply",
+    ) -> dict[str, Any]:
+        """The recipient of sent email ``message_id`` answers it (``kind="unsubscribe"``:
+        unsubscribes); the event is POSTed to the account's inbound URL ``deliveries`` times.
+        ``sender`` is the reply's ``from`` (default: the original recipient). Returns
+        ``{"event_id", "message_id", "event", "deliveries": [{"status", "body"}, ...]}``."""
+        body: dict[str, Any] = {
+            "message_id": message_id,
+            "text": text,
+            "deliveries": deliveries,
+            "kind": kind,
+        }
+        if sender is not None:
+            body["from"] = sender
+        if event_id is not None:
+            body["event_id"] = event_id
+        result: dict[str, Any] = self._call(
+            "POST", "/_admin/email/reply", json=body, timeout=_DELIVERY_TIMEOUT_S * deliveries + 5
+        )
+        return result
 
     def close(self) -> None:
         self._client.close()

@@ -1,7 +1,8 @@
 """Assembles the sandbox: one in-memory world, the provider routes, the admin routes, faults.
 
 :func:`create_app` returns the ASGI app uvicorn serves. The admin routes (``/_admin/...``) are
-never subject to faults or auth: they are how tests and the chaos runner steer the world.
+never subject to faults or auth: they are how tests and the chaos runner steer the world. Neither
+is Slack's ``response_url`` (``/slack/response/{ts}``), which real Slack serves without a token.
 """
 
 from __future__ import annotations
@@ -117,10 +118,16 @@ class SandboxApp:
         self.api.state.world = self.world
         for router in (admin, email.router, crm.router, model.router, payment.router, slack.router):
             self.api.include_router(router)
+        self.api.include_router(email.admin_router)
+        self.api.include_router(slack.admin_router)
         self.api.include_router(whoami)  # last: its /{provider}/me pattern must not shadow others
         self._asgi = FaultInjector(self.api, self.world.faults)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(slack.RESPONSE_URL_PREFIX):
+            # Slack's response_url takes no token: it bypasses the fault layer (auth and faults).
+            await self.api(scope, receive, send)
+            return
         await self._asgi(scope, receive, send)
 
 
