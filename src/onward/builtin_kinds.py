@@ -1,9 +1,9 @@
-"""The built-in step kinds: ``set``, ``branch``, ``goto`` (fast lane), ``wait_for`` and
-``wait_until`` (wait lane)."""
+"""The built-in step kinds: ``set``, ``branch``, ``goto`` (fast lane), ``wait_for``,
+``wait_until`` and ``wait_signal`` (wait lane). ``approval`` is in ``onward.approvals``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -210,3 +210,48 @@ async def wait_until(step: StepContext) -> Any:
     if params.zone_from is not None:
         intent["zone_from"] = params.zone_from
     return Wait(due_at=due_at, intent=intent)
+
+
+class WaitSignalParams(BaseModel):
+    """Wait for the first of ``signals`` (names such as ``reply``, ``unsubscribe``) that
+    reaches this run -- one that came before the step began waiting counts -- or until
+    ``deadline`` (a duration) passes, whichever commits first (R9)."""
+
+    model_config = ConfigDict(extra="forbid")
+    signals: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(min_length=1)
+    deadline: str | float = Field(description="e.g. 3d: how long to wait before giving up")
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, v: str | float) -> str | float:
+        if parse_duration(v) <= 0:
+            raise ValueError("the deadline must be positive")
+        return v
+
+
+@step_kind("wait_signal", lane="wait", params=WaitSignalParams)
+async def wait_signal(step: StepContext) -> Any:
+    """Output: ``{"signal": name, "signal_id", "payload", "timed_out": false}`` when a signal
+    woke the step, ``{"signal": null, "timed_out": true}`` when the deadline did."""
+    params: WaitSignalParams = step.params
+    wake = step.wake
+    if wake is not None and wake.get("by") == "signal":
+        return Advance(
+            output={
+                "signal": wake.get("name"),
+                "signal_id": wake.get("signal_id"),
+                "payload": wake.get("payload") or {},
+                "received_at": wake.get("received_at"),
+                "timed_out": False,
+            }
+        )
+    if wake is not None:  # the deadline timer fired first
+        return Advance(
+            output={"signal": None, "timed_out": True, "deadline_at": wake.get("due_at")}
+        )
+    return Wait(
+        due_in=parse_duration(params.deadline),
+        intent={"deadline": params.deadline, "signals": params.signals},
+        on="signal",
+        signals=list(params.signals),
+    )

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from onward import ids, signals
 from onward.connections import Integrations
 from onward.errors import AuthorizationError, PermanentError
 from onward.kinds import Advance, StepContext, step_kind
@@ -105,8 +106,7 @@ async def email_send(step: StepContext) -> Advance:
     # An earlier attempt may already have sent it: then it was sent, whatever consent says now.
     prior = await integ.effects.read(step.org_id, step.effect_key)
     if prior is not None and prior["status"] == "settled":
-        result = dict(prior["result"] or {})
-        return Advance(output={"sent": True, "message_id": result.get("id"), "result": result})
+        return await _sent(step, integ, dict(prior["result"] or {}))
     refused = await integ.suppression(step.org_id, to, "email")
     if refused is not None:
         if prior is not None:  # an attempt began: find out whether it went out before skipping
@@ -116,9 +116,7 @@ async def email_send(step: StepContext) -> Advance:
             )
             if found is not None:
                 result = await integ.effects.settle_found(step, connector, found)
-                return Advance(
-                    output={"sent": True, "message_id": result.get("id"), "result": result}
-                )
+                return await _sent(step, integ, result)
         reason = f"{to} must not be emailed: {refused.reason} (checked at send time)"
         return Advance(output={"sent": False, "reason": reason}, skipped=reason)
     result = await run_effect(
@@ -132,8 +130,25 @@ async def email_send(step: StepContext) -> Advance:
             "metadata": p.metadata,
         },
     )
-    # The message id is the correlation key a reply will carry (signals, later).
-    return Advance(output={"sent": True, "message_id": result.get("id"), "result": result})
+    return await _sent(step, integ, result)
+
+
+async def _sent(step: StepContext, integ: Integrations, result: dict[str, Any]) -> Advance:
+    """The message went out: record its id as the correlation key a reply will carry
+    (``In-Reply-To``), before the step settles -- so a settled send always has its key, and a
+    reply that came first is adopted by the run (R9)."""
+    message_id = result.get("id")
+    if message_id:
+        async with integ.pool.connection() as conn:
+            await signals.correlate(
+                conn,
+                step.org_id,
+                ids.correlation_key("email", str(message_id)),
+                run_id=step.run_id,
+                seq=step.seq,
+                step_id=step.step_id,
+            )
+    return Advance(output={"sent": True, "message_id": message_id, "result": result})
 
 
 @step_kind("crm.upsert", lane="io", params=CrmParams)

@@ -20,6 +20,7 @@ from typing import Any
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
 from onward import schedules as schedule_ops
+from onward import signals as signal_ops
 from onward import timers
 from onward.automations.document import AutomationDoc
 from onward.automations.versions import Published, VersionCache, publish, publish_all
@@ -183,6 +184,44 @@ class Engine:
             zone=zone,
             rule=rule,
             worker=self.id,
+        )
+
+    # -- signals (R9) ------------------------------------------------------------------------
+    async def signal(
+        self,
+        signal_id: str,
+        name: str,
+        *,
+        run_id: str | None = None,
+        correlation_key: str | None = None,
+        payload: dict[str, Any] | None = None,
+    ) -> signal_ops.Delivered:
+        """Deliver a signal: stored durably under ``signal_id`` (the sender's event id: a
+        repeat is a duplicate), routed to ``run_id`` or by ``correlation_key``, and consumed at
+        once if a step of its run waits on it -- else kept until one does. Raises
+        ``SignalRefused`` (recorded) if the run has finished or was cancelled."""
+        return await signal_ops.deliver(
+            self.pool,
+            self.org_id,
+            signal_id=signal_id,
+            name=name,
+            run_id=run_id,
+            correlation_key=correlation_key,
+            payload=payload,
+            worker=self.id,
+        )
+
+    async def signals(
+        self,
+        *,
+        run_id: str | None = None,
+        status: str | None = None,
+        unrouted: bool = False,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """This organisation's signals, newest first (``unrouted``: kept, nobody to route to)."""
+        return await signal_ops.list_signals(
+            self.pool, self.org_id, run_id=run_id, status=status, unrouted=unrouted, limit=limit
         )
 
     # -- background tasks ------------------------------------------------------------------

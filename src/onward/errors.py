@@ -11,6 +11,12 @@ The hierarchy::
     ├── UnknownAutomation           no published automation (or version) with that id
     ├── UnknownConnection           no connection with that id in that organisation
     ├── UnknownSchedule             no schedule with that id on that automation
+    ├── UnknownApproval             no approval request with that id in that organisation
+    ├── SignalRefused               the signal's run has finished or was cancelled; the
+    │                               signal was recorded as refused
+    ├── DecisionRefused             an approval decision that decided nothing (expired, not
+    │                               permitted, a stale or forged token); ``decision`` reads
+    │                               back the one that stands, if any
     ├── Unavailable                 the database cannot be reached now: try again later
     ├── PayloadTooLarge             an input/payload exceeds the configured limit; nothing stored
     ├── QueueMisconfigured          the queue cannot be used safely (e.g. Redis may evict keys)
@@ -94,6 +100,33 @@ class UnknownSchedule(OnwardError):
             f"unknown schedule {schedule_id!r} of automation {automation_id!r} "
             f"in organisation {org_id!r}"
         )
+
+
+class UnknownApproval(OnwardError):
+    """No approval request with this id exists in this organisation."""
+
+    def __init__(self, org_id: str, approval_id: str) -> None:
+        self.org_id, self.approval_id = org_id, approval_id
+        super().__init__(f"unknown approval {approval_id!r} in organisation {org_id!r}")
+
+
+class SignalRefused(OnwardError):
+    """The signal's run has finished or was cancelled. The signal is recorded (``refused``,
+    with a history row on the run); nothing else changed."""
+
+    def __init__(self, signal_id: str, run_id: str, reason: str) -> None:
+        self.signal_id, self.run_id, self.reason = signal_id, run_id, reason
+        super().__init__(f"signal {signal_id!r} refused: {reason} (run {run_id})")
+
+
+class DecisionRefused(OnwardError):
+    """An approval decision that decided nothing: ``reason`` says why (``expired``,
+    ``not_permitted``, ``invalid_token``, ``superseded``, ``cancelled``, ``decided``);
+    ``decision`` is the decision that stands, if one was made first (read back)."""
+
+    def __init__(self, reason: str, message: str, decision: dict[str, Any] | None = None) -> None:
+        self.reason, self.decision = reason, decision
+        super().__init__(message)
 
 
 class PayloadTooLarge(OnwardError):

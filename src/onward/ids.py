@@ -60,3 +60,23 @@ def schedule_start_key(automation_id: str, schedule_id: str, instant: str) -> st
     UTC ISO 8601 (``2026-12-07T08:00:00Z``; a trigger's is ``trigger:<its key or instant>``).
     The schedule id is part of it because one automation may carry several schedules."""
     return f"{automation_id}:schedule:{schedule_id}:{instant}"
+
+
+def correlation_key(channel: str, ref: str) -> str:
+    """What leads an answer back to its run (R9): ``<channel>:<the provider's id of the thing
+    answered>``, e.g. ``email:msg_4f2a`` -- a reply names the message it answers
+    (``In-Reply-To``). Recorded when the answered thing is created."""
+    return f"{channel}:{ref}"
+
+
+def signal_id(source: str, event_id: str) -> str:
+    """A signal's identity: ``<source>:<the sender's event id>`` (``email:evt_91``), so two
+    providers' event ids never collide and a transport duplicate is the same row."""
+    return f"{source}:{event_id}"
+
+
+def approval_id(run_id: str, step_id: str, iteration: int, request: int) -> str:
+    """An approval request: the step's effect key plus the request number (a second request
+    after an escalation or a changed draft is a new approval and a new Slack post). It is
+    also the effect key of the post that asks."""
+    return f"{effect_key(run_id, step_id, iteration)}/{request}"

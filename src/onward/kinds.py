@@ -45,11 +45,17 @@ class Wait:
     """Wait until ``due_in`` seconds from now (by the database clock), or until the instant
     ``due_at`` (aware; computed from ``step.now``, the database's clock), and then call the
     kind again with ``step.wake`` set. ``intent`` is stored beside the instant, as asked, so
-    the instant can be recomputed (R6)."""
+    the instant can be recomputed (R6).
+
+    ``on="signal"`` waits for the first of ``signals`` (names) with that instant as the
+    deadline: ``step.wake`` then says ``by: "signal"`` (with the signal) or ``by: "timer"``
+    (the deadline won). ``on="approval"`` waits for a decision (``onward.approvals``)."""
 
     due_in: float = 0.0
     intent: dict[str, Any] = field(default_factory=dict)
     due_at: datetime | None = None
+    on: str = "timer"
+    signals: list[str] | None = None
 
 
 Outcome = Advance | Wait

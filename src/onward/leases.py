@@ -154,9 +154,12 @@ async def settle_wait_timer(
     due_in: float,
     intent: dict[str, Any],
     due_at: datetime | None = None,
+    wait_kind: str = "timer",
+    signals: Sequence[str] | None = None,
 ) -> dict[str, Any] | None:
     """The step waits on a timer due ``due_in`` seconds from the database's now, or at the
-    instant ``due_at``; None: the lease was lost."""
+    instant ``due_at`` -- or, for ``wait_kind`` ``signal`` / ``approval``, on ``signals`` or a
+    person with that timer as its deadline; None: the lease was lost."""
     cur = await conn.execute(
         Q.settle_wait_timer,
         {
@@ -165,6 +168,8 @@ async def settle_wait_timer(
             "due_in": due_in,
             "intent": Jsonb(intent),
             "due_at": due_at,
+            "wait_kind": wait_kind,
+            "signals": list(signals) if signals else None,
         },
     )
     return await cur.fetchone()

@@ -133,21 +133,24 @@ ready AS (
 SELECT * FROM run;
 
 -- name: settle_wait_timer
--- The step waits on time: the step and run become waiting, a timer row stores the intent and
--- the computed UTC instant (due_at, by the database clock), and a delayed outbox row carries
--- the fast-path wake for that instant. The due sweep is the backstop if the wake is lost (R7).
+-- The step waits: on time (wait_kind 'timer', the timer is the wait), or on signals or a
+-- person ('signal' / 'approval', the timer is the wait's deadline). The step and run become
+-- waiting, a timer row stores the intent and the computed UTC instant (due_at, by the
+-- database clock), and a delayed outbox row carries the fast-path wake for that instant. The
+-- due sweep is the backstop if the wake is lost (R7). A signal wait names the signals it
+-- takes (steps.signals); the settler then consumes one already pending (signals.consume).
 WITH w AS (
     UPDATE steps
-    SET status = 'waiting', wait_kind = 'timer', owner = NULL, lease_until = NULL,
-        wake = NULL, updated_at = now()
+    SET status = 'waiting', wait_kind = %(wait_kind)s, signals = %(signals)s::text[],
+        owner = NULL, lease_until = NULL, wake = NULL, updated_at = now()
     WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
       AND attempt = %(attempt)s AND status = 'running'
     RETURNING org_id, run_id, seq, step_id, lane
 ),
 t AS (
     INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at)
-    SELECT org_id, run_id, seq, 'wait', %(intent)s,
-           coalesce(%(due_at)s::timestamptz, now() + make_interval(secs => %(due_in)s))
+    SELECT org_id, run_id, seq, CASE WHEN %(wait_kind)s = 'timer' THEN 'wait' ELSE 'deadline' END,
+           %(intent)s, coalesce(%(due_at)s::timestamptz, now() + make_interval(secs => %(due_in)s))
     FROM w
     RETURNING org_id, timer_id, run_id, seq, due_at, wake_n
 ),
@@ -162,8 +165,8 @@ timer_due AS (
 hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT w.org_id, w.run_id, 'step_waiting', w.seq, w.step_id, %(attempt)s, %(worker)s,
-           jsonb_build_object('on', 'timer', 'timer_id', t.timer_id, 'due_at', t.due_at,
-                              'intent', %(intent)s::jsonb)
+           jsonb_build_object('on', %(wait_kind)s::text, 'timer_id', t.timer_id,
+                              'due_at', t.due_at, 'intent', %(intent)s::jsonb)
     FROM w JOIN t ON true
 )
 SELECT timer_id, due_at FROM t;

@@ -28,6 +28,9 @@ from onward.backoff import retry_delay
 from onward.errors import AuthorizationError, NeedsReview, PermanentError, RateLimited, StepError
 from onward.kinds import Advance, Registry, Wait
 
+#: What a step may wait on (steps.wait_kind of a waiting step).
+WAIT_KINDS = ("timer", "signal", "approval")
+
 #: How long a step whose kind this worker lacks waits for a worker that has it (deploy skew).
 KIND_MISSING_DELAY_S = 30.0
 
@@ -61,6 +64,8 @@ class WaitTimer:
     due_in: float
     intent: dict[str, Any]
     due_at: datetime | None = None
+    wait_kind: str = "timer"  # or 'signal' / 'approval': the timer is then the deadline
+    signals: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,17 @@ def after_result(
     """The handler answered ``result``: a plain value (done, follow ``next``), an ``Advance``
     (done, maybe choosing ``next``) or a ``Wait``."""
     if isinstance(result, Wait):
-        return WaitTimer(result.due_in, _as_stored(result.intent), result.due_at)
+        if result.on not in WAIT_KINDS:
+            return Stop("failed", "failed", f"step {step.id}: cannot wait on {result.on!r}")
+        if result.on == "signal" and not result.signals:
+            return Stop("failed", "failed", f"step {step.id}: a signal wait names no signal")
+        return WaitTimer(
+            result.due_in,
+            _as_stored(result.intent),
+            result.due_at,
+            result.on,
+            tuple(result.signals or ()),
+        )
     adv = result if isinstance(result, Advance) else Advance(output=result)
     try:
         output, new_vars = _as_stored(adv.output), _as_stored(adv.vars or {})

@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from onward import leases
+from onward import leases, signals
 from onward.crashpoints import crash_point
-from onward.db import Pool
+from onward.db import Conn, Pool
 from onward.leases import AdvanceSettle, Token
 from onward.policy import Proceed, Retry, Stop, WaitTimer
 
@@ -120,12 +120,32 @@ class Settler:
             )
 
     async def wait(self, token: Token, t: WaitTimer) -> bool:
+        """The step waits (on a timer, on signals, on a person). A signal wait is one
+        transaction with the run's row locked first, so a signal stored before it is seen and
+        consumed here, and one stored after it is consumed by its own intake (``signals``)."""
         async with self.pool.connection() as conn:
-            row = await leases.settle_wait_timer(
-                conn, token, worker=self.worker, due_in=t.due_in, intent=t.intent, due_at=t.due_at
-            )
+            if t.wait_kind != "signal":
+                row = await self._wait(conn, token, t)
+            else:
+                async with conn.transaction():
+                    await signals.lock_run(conn, token.org_id, token.run_id)
+                    row = await self._wait(conn, token, t)
+                    if row is not None:
+                        await signals.consume(conn, token.org_id, token.run_id, worker=self.worker)
         crash_point("worker.after_wait")
         return row is not None
+
+    async def _wait(self, conn: Conn, token: Token, t: WaitTimer) -> dict[str, Any] | None:
+        return await leases.settle_wait_timer(
+            conn,
+            token,
+            worker=self.worker,
+            due_in=t.due_in,
+            intent=t.intent,
+            due_at=t.due_at,
+            wait_kind=t.wait_kind,
+            signals=t.signals,
+        )
 
     async def proceed(self, token: Token, t: Proceed, *, eager: bool) -> dict[str, Any] | None:
         """Done + enter the next step (claimed by this worker when ``eager``) or complete the

@@ -31,12 +31,13 @@ f AS (
     UPDATE timers t SET fired_at = now(), fired_by = %(by)s
     FROM picked p
     WHERE t.org_id = p.org_id AND t.timer_id = p.timer_id
-    RETURNING t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.fired_at
+    RETURNING t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.fired_at, t.purpose
 ),
 to_ready AS (
     SELECT f.org_id, f.run_id, f.seq, 'waiting' AS from_status, NULL::int AS attempt,
            now() AS available_at,
-           jsonb_build_object('by', 'timer', 'timer_id', f.timer_id, 'due_at', f.due_at) AS wake,
+           jsonb_build_object('by', 'timer', 'timer_id', f.timer_id, 'due_at', f.due_at,
+                              'purpose', f.purpose) AS wake,
            NULL::jsonb AS error, 'timer_fired' AS event, NULL::text AS worker,
            jsonb_build_object('timer_id', f.timer_id, 'by', %(by)s::text, 'due_at', f.due_at,
                               'lateness_ms',
