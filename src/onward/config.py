@@ -48,6 +48,8 @@ class Settings:
     max_payload_bytes: int = 256 * 1024
     default_max_steps: int = 1000
     default_max_age_seconds: float = 30 * 86400.0
+    #: signs approval buttons' tokens; None: a secret the engine keeps in its database
+    signing_secret: str | None = field(default=None, repr=False)
     lanes: dict[str, int] = field(
         default_factory=lambda: {"fast": 64, "io": 32, "slow": 8, "wait": 64}
     )
@@ -70,6 +72,7 @@ class Settings:
             sweep_seconds=_env_float("ONWARD_SWEEP_SECONDS", 2.0),
             shutdown_grace_seconds=_env_float("ONWARD_SHUTDOWN_GRACE_SECONDS", 10.0),
             max_payload_bytes=_env_int("ONWARD_MAX_PAYLOAD_BYTES", 256 * 1024),
+            signing_secret=os.environ.get("ONWARD_SIGNING_SECRET") or None,
         )
         s = replace(s, **{k: v for k, v in overrides.items() if v is not None})
         s.validate()

@@ -50,6 +50,7 @@ class Integrations:
         self.client = client or httpx.AsyncClient(timeout=timeout)
         self.timeout = timeout
         self.notify = notify
+        self.token_secret: str | None = None  # signs approval tokens (Settings.signing_secret)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -70,7 +71,10 @@ class Integrations:
         base_url: str,
         account: str,
         secret: str,
+        signing_secret: str | None = None,
     ) -> None:
+        """Connect an account (or replace its credentials). ``signing_secret``: what the
+        provider signs its callbacks to us with (Slack's interactivity requests)."""
         get_connector_class(provider)  # refuse an unknown provider before storing anything
         await self._one(
             Q.upsert,
@@ -81,8 +85,17 @@ class Integrations:
                 "base_url": base_url,
                 "account": account,
                 "secret": secret,
+                "signing_secret": signing_secret,
             },
         )
+
+    async def signing_secret(self, org_id: str, connection_id: str) -> str | None:
+        """The secret a connection's provider signs its callbacks with (None: none stored)."""
+        row = await self._one(Q.get, {"org_id": org_id, "connection_id": connection_id})
+        if row is None:
+            raise UnknownConnection(org_id, connection_id)
+        secret: str | None = row["signing_secret"]
+        return secret
 
     async def connector(self, org_id: str, connection_id: str) -> Connector:
         """The connector for a usable connection; parks the step if it is known broken."""

@@ -3,16 +3,19 @@
 -- name: upsert
 -- Create a connection or replace its credentials. A broken connection stays broken, and its
 -- parked runs stay parked, until restore (the customer says the new credentials work).
-INSERT INTO connections (org_id, connection_id, provider, base_url, account, secret)
-VALUES (%(org_id)s, %(connection_id)s, %(provider)s, %(base_url)s, %(account)s, %(secret)s)
+INSERT INTO connections (org_id, connection_id, provider, base_url, account, secret,
+                         signing_secret)
+VALUES (%(org_id)s, %(connection_id)s, %(provider)s, %(base_url)s, %(account)s, %(secret)s,
+        %(signing_secret)s)
 ON CONFLICT (org_id, connection_id) DO UPDATE
 SET provider = EXCLUDED.provider, base_url = EXCLUDED.base_url, account = EXCLUDED.account,
-    secret = EXCLUDED.secret, updated_at = now()
+    secret = EXCLUDED.secret, signing_secret = EXCLUDED.signing_secret, updated_at = now()
 RETURNING connection_id;
 
 -- name: get
 -- One connection.
-SELECT connection_id, provider, base_url, account, secret, status, broken_reason
+SELECT connection_id, provider, base_url, account, secret, status, broken_reason,
+       signing_secret
 FROM connections WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;
 
 -- name: mark_broken

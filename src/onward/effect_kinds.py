@@ -64,11 +64,15 @@ def _integrations(step: StepContext) -> Integrations:
 
 
 def _render(step: StepContext, value: str) -> str:
-    """Fill ``{input.x}`` / ``{vars.y}`` placeholders from the run's variables."""
+    return render_text(value, step.input, step.vars)
+
+
+def render_text(value: str, input: dict[str, Any] | None, vars: dict[str, Any] | None) -> str:
+    """Fill ``{input.x}`` / ``{vars.y}`` placeholders from a run's input and variables."""
     if "{" not in value:
         return value
     flat: dict[str, Any] = {}
-    for root, data in (("input", step.input), ("vars", step.vars)):
+    for root, data in (("input", input), ("vars", vars)):
         for k, v in (data or {}).items():
             flat[f"{root}.{k}"] = v
     for key, v in flat.items():
@@ -76,7 +80,14 @@ def _render(step: StepContext, value: str) -> str:
     return value
 
 
-async def run_effect(step: StepContext, connection: str, params: dict[str, Any]) -> dict[str, Any]:
+async def run_effect(
+    step: StepContext,
+    connection: str,
+    params: dict[str, Any],
+    *,
+    key: str | None = None,
+    harmless_repeat: bool = False,
+) -> dict[str, Any]:
     """Perform ``params`` through the connector of ``connection``, as this step's one outside
     effect (R4): the effect row is claimed under ``step.effect_key`` (the same for every
     attempt, new for every loop iteration), which is also the provider's idempotency key; a
@@ -88,11 +99,18 @@ async def run_effect(step: StepContext, connection: str, params: dict[str, Any])
         @onward.step_kind("crm.tag", lane="io")
         async def tag(step: onward.StepContext) -> dict:
             return await onward.run_effect(step, "crm", {"email": step.input["email"]})
+
+    ``key`` names a second effect of one step (default: ``step.effect_key``; an approval's
+    post uses its approval id); ``harmless_repeat`` says a repeat of an uncertain call only
+    duplicates something harmless (an approval message whose buttons decide once), so it is
+    repeated rather than parked for review.
     """
     integ = _integrations(step)
     try:
         connector = await integ.connector(step.org_id, connection)
-        return await integ.effects.run(step, connector, params)
+        return await integ.effects.run(
+            step, connector, params, key=key, harmless_repeat=harmless_repeat
+        )
     except AuthorizationError as exc:
         await integ.mark_broken(step.org_id, connection, str(exc))
         raise

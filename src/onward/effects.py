@@ -75,6 +75,7 @@ class Effects:
         params: dict[str, Any],
         *,
         key: str | None = None,
+        harmless_repeat: bool = False,
     ) -> dict[str, Any]:
         key = key or step.effect_key
         args = {
@@ -110,7 +111,8 @@ class Effects:
                 found = await connector.reconcile(key)
                 if found is not None:
                     return await self._settle(args, found)
-            if not connector.supports_idempotency and not connector.repeat_is_harmless:
+            harmless = connector.repeat_is_harmless or harmless_repeat
+            if not connector.supports_idempotency and not harmless:
                 parked = await self._one(Q.park_for_review, {**args, "error": None})
                 raise self._review(key, connector, parked or row)
             begun = await self._one(Q.begin_attempt, args)

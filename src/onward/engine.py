@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from onward import approvals as approval_ops  # (also registers the approval kind)
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
 from onward import schedules as schedule_ops
@@ -29,6 +30,7 @@ from onward.connections import Integrations
 from onward.db import Pool, make_pool, resolve_url
 from onward.db.migrate import apply as apply_migrations
 from onward.effects import Effects
+from onward.errors import DecisionRefused, UnknownAutomation
 from onward.history import list_runs, run_status, run_view
 from onward.kinds import Registry
 from onward.kinds import registry as default_registry
@@ -70,6 +72,7 @@ class Engine:
         self.id = new_worker_id()
         self.effects = Effects(pool, lease_seconds=settings.lease_seconds)
         self.integrations = Integrations(pool, effects=self.effects)
+        self.integrations.token_secret = settings.signing_secret
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -223,6 +226,82 @@ class Engine:
         return await signal_ops.list_signals(
             self.pool, self.org_id, run_id=run_id, status=status, unrouted=unrouted, limit=limit
         )
+
+    # -- approvals (R10) ---------------------------------------------------------------------
+    async def decide(
+        self, approval_id: str, decision: str, *, user: str, via: str = "api"
+    ) -> dict[str, Any]:
+        """Decide an approval request (``approve`` / ``reject``) as ``user``: the first
+        decision wins and wakes its step; ``DecisionRefused`` says why not (expired, not
+        permitted now, the content changed, already decided -- with that decision)."""
+        return await approval_ops.decide(
+            self.pool,
+            self.org_id,
+            approval_id,
+            approval_ops.DECISIONS.get(decision, decision),
+            user=user,
+            via=via,
+            content_now=self._content_now,
+            worker=self.id,
+        )
+
+    async def decide_by_token(
+        self, token: str, user: str, *, via: str = "slack", action: str | None = None
+    ) -> dict[str, Any]:
+        """Decide with a button's token (what Slack's interactivity sends). ``action`` (the
+        button pressed) must match the decision the token was made for."""
+        secret = await approval_ops.token_secret(self.pool, self.settings.signing_secret)
+        parsed = approval_ops.read_token(secret, token)
+        if action is not None and approval_ops.DECISIONS.get(action) != parsed.decision:
+            raise DecisionRefused("invalid_token", "this token belongs to the other button")
+        if parsed.org_id != self.org_id:
+            raise DecisionRefused("invalid_token", "this button does not belong to this request")
+        return await approval_ops.decide(
+            self.pool,
+            self.org_id,
+            parsed.approval_id,
+            parsed.decision,
+            user=user,
+            via=via,
+            content_now=self._content_now,
+            worker=self.id,
+            token=parsed,
+        )
+
+    async def _content_now(self, request: dict[str, Any]) -> str | None:
+        """What the request's step would show for its run as the run is now."""
+        view = await run_view(self.pool, self.org_id, request["run_id"])
+        run = view["run"]
+        try:
+            doc = await self.versions.get(self.org_id, run["automation_id"], run["version"])
+            definition = doc.step(request["step_id"])
+        except (KeyError, UnknownAutomation):
+            return None
+        ctx = run.get("ctx") or {}
+        return approval_ops.content_for(definition, run.get("input"), ctx.get("vars"))
+
+    async def approvals(
+        self, *, run_id: str | None = None, status: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        return await approval_ops.list_approvals(
+            self.pool, self.org_id, run_id=run_id, status=status, limit=limit
+        )
+
+    async def approval(self, approval_id: str) -> dict[str, Any]:
+        return await approval_ops.get(self.pool, self.org_id, approval_id)
+
+    async def grant_approver(self, approver: str, *, automation_id: str = "*") -> dict[str, Any]:
+        """Let ``approver`` decide (for one automation, or every one): checked at click time."""
+        return await approval_ops.grant(self.pool, self.org_id, approver, automation_id)
+
+    async def revoke_approver(
+        self, approver: str, *, automation_id: str = "*"
+    ) -> dict[str, Any] | None:
+        """Take the permission away: a click after this is refused, whatever was sent."""
+        return await approval_ops.revoke(self.pool, self.org_id, approver, automation_id)
+
+    async def approvers(self) -> list[dict[str, Any]]:
+        return await approval_ops.list_approvers(self.pool, self.org_id)
 
     # -- background tasks ------------------------------------------------------------------
     def background(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from onward import leases, signals
+from onward import approvals, leases, signals
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.leases import AdvanceSettle, Token
@@ -120,18 +120,23 @@ class Settler:
             )
 
     async def wait(self, token: Token, t: WaitTimer) -> bool:
-        """The step waits (on a timer, on signals, on a person). A signal wait is one
-        transaction with the run's row locked first, so a signal stored before it is seen and
-        consumed here, and one stored after it is consumed by its own intake (``signals``)."""
+        """The step waits (on a timer, on signals, on a person). A signal or approval wait is
+        one transaction with the run's row locked first, so a signal stored (a decision made)
+        before it is seen here and wakes the step at once, and one after it is applied by its
+        own intake (``signals``, ``approvals``), which locks the run the same way."""
         async with self.pool.connection() as conn:
-            if t.wait_kind != "signal":
+            if t.wait_kind == "timer":
                 row = await self._wait(conn, token, t)
             else:
                 async with conn.transaction():
                     await signals.lock_run(conn, token.org_id, token.run_id)
                     row = await self._wait(conn, token, t)
-                    if row is not None:
+                    if row is not None and t.wait_kind == "signal":
                         await signals.consume(conn, token.org_id, token.run_id, worker=self.worker)
+                    elif row is not None:
+                        await approvals.wake_if_decided(
+                            conn, token.org_id, token.run_id, token.seq, worker=self.worker
+                        )
         crash_point("worker.after_wait")
         return row is not None
 

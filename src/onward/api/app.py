@@ -54,6 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onward.api import people as people_routes
 from onward.api import schedules as schedule_routes
 from onward.api.models import (
     MAX_EVENT_ID,
@@ -78,11 +79,14 @@ from onward.automations.versions import Published, list_automations
 from onward.db import RETRY_AFTER_SECONDS, read, write
 from onward.engine import Engine
 from onward.errors import (
+    DecisionRefused,
     InvalidAutomation,
     InvalidInput,
     OnwardError,
     PayloadTooLarge,
+    SignalRefused,
     Unavailable,
+    UnknownApproval,
     UnknownAutomation,
     UnknownConnection,
     UnknownRun,
@@ -304,11 +308,15 @@ ERRORS: dict[type[OnwardError], tuple[int, str]] = {
     UnknownRun: (404, "unknown_run"),
     UnknownAutomation: (404, "unknown_automation"),
     UnknownConnection: (404, "unknown_connection"),
+    UnknownApproval: (404, "unknown_approval"),
     PayloadTooLarge: (413, "payload_too_large"),
+    SignalRefused: (409, "signal_refused"),
+    DecisionRefused: (409, "decision_refused"),
     InvalidInput: (422, "invalid_input"),
 }
 HTTP_ERRORS = {
     400: "bad_request",
+    401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
@@ -371,7 +379,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 ERROR_DESCRIPTIONS = {
+    401: "Not authenticated: the signature (or key) does not hold",
     404: "No such resource",
+    409: "Refused in the state the resource is in (recorded); the detail says why",
     413: "The body is larger than the limit; nothing was stored",
     422: "The request cannot be accepted as sent; nothing was stored",
     500: "An internal error (logged)",
@@ -668,6 +678,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         return SuppressionAnswer(contact=body.contact.lower(), channel=body.channel)
 
     app.include_router(schedule_routes.router())
+    app.include_router(people_routes.router())
     _document_automation_schema(app)
     return app
 

@@ -32,7 +32,7 @@ class ErrorBody(BaseModel):
 
     error: str = Field(
         description="what went wrong: unknown_run, unknown_automation, unknown_connection, "
-        "unknown_schedule, not_found, method_not_allowed, payload_too_large, invalid_input, "
+        "unknown_schedule, unknown_approval, signal_refused, decision_refused, not_found, method_not_allowed, payload_too_large, invalid_input, "
         "invalid_request, invalid_automation, unavailable, internal"
     )
     detail: str = Field(description="one line for a person")
