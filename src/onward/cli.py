@@ -791,9 +791,14 @@ def chaos(
 
 # -- command groups in their own modules -------------------------------------------------------
 
+from onward import cli_people  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
+app.command()(cli_people.signal)  # onward signal NAME --id E --run R | --key K
+app.command()(cli_people.signals)  # onward signals [--unrouted]
+app.add_typer(cli_people.approvals_app)  # onward approvals list|decide
+app.add_typer(cli_people.approvers_app)  # onward approvers list|grant|revoke
 
 # -- entry point -----------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
+from onward import signals
 from onward.db.migrate import verify
 from onward.db.sql import Queries
 
@@ -109,6 +110,18 @@ async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -
                 row["unsettled"] == 0,
                 row["unsettled"],
                 f"oldest first attempt {row['oldest']}" if row["unsettled"] else "none",
+            )
+        )
+        row = await signals.unrouted(conn, grace=grace)
+        checks.append(
+            Check(
+                "unrouted_signals",
+                row["unrouted"] == 0,
+                row["unrouted"],
+                f"oldest received {row['oldest']}: no run recorded their correlation key "
+                "(onward signals --unrouted)"
+                if row["unrouted"]
+                else "none",
             )
         )
         leader = await (await conn.execute(Q.sweeper_leader, {})).fetchone()
