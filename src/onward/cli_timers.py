@@ -5,6 +5,7 @@ calendar timers (R6).
     onward timers recompute --contact C --zone America/New_York    # a contact moved
     onward timers recompute --automation A --step S --rule '10:00 on weekdays'
     onward timers recompute --all                                  # after a tz database update
+    onward timers skip --run RUN                                   # its wait fires now
 """
 
 from __future__ import annotations
@@ -132,3 +133,27 @@ def recompute(
     )
     for m in done.sample:
         typer.echo(f"  {m['run_id']} timer {m['timer_id']}: {m['from']} -> {m['to']}")
+
+
+@timers_app.command()
+def skip(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Option("--run", help="the waiting run")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Skip a waiting run's timer (a wait, or a signal's or approval's deadline): it fires now,
+    with a `timer_moved` row in the run's history."""
+    from onward.cli import _open, _print_json, _run, _settings
+
+    async def go() -> Any:
+        async with _open(_settings(ctx)) as engine:
+            return await engine.skip_wait(run)
+
+    moves = _run(go())
+    if as_json:
+        _print_json(moves)
+        return
+    for m in moves:
+        typer.echo(f"{run} timer {m['timer_id']} ({m['purpose']}): {m['from']} -> now")
+    if not moves:
+        typer.echo(f"{run} waits on no timer")

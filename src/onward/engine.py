@@ -303,6 +303,12 @@ class Engine:
     async def approvers(self) -> list[dict[str, Any]]:
         return await approval_ops.list_approvers(self.pool, self.org_id)
 
+    async def skip_wait(self, run_id: str) -> list[dict[str, Any]]:
+        """Skip a waiting run's timer: it fires now (``timer_moved`` in its history, reason
+        ``skipped``). Empty when the run waits on no timer. Raises ``UnknownRun``."""
+        await self.status(run_id)
+        return await timers.skip(self.pool, self.org_id, run_id, worker=self.id)
+
     # -- background tasks ------------------------------------------------------------------
     def background(
         self,

@@ -190,6 +190,39 @@ def _replan(
     return {**row, "old_due": row["due_at"], "new_due": new_due, "intent": new_intent}
 
 
+async def skip(
+    pool: Pool, org_id: str, run_id: str, *, worker: str = "operator"
+) -> list[dict[str, Any]]:
+    """An operator's "skip the wait": move the run's pending timer (a wait, or a deadline) to
+    now -- a recompute to the current instant, with its history row (``timer_moved``, reason
+    ``skipped``) and a new wake number, so it fires at once through the usual path. Returns
+    the moves (empty: the run waits on no timer)."""
+    async with pool.connection() as conn:
+        rows = await (
+            await conn.execute(Q.pending_of_run, {"org_id": org_id, "run_id": run_id})
+        ).fetchall()
+        if not rows:
+            return []
+        cur = await conn.execute(
+            Q.move,
+            {
+                "org_ids": [r["org_id"] for r in rows],
+                "timer_ids": [r["timer_id"] for r in rows],
+                "wake_ns": [r["wake_n"] for r in rows],
+                "old_dues": [r["due_at"] for r in rows],
+                "new_dues": [r["db_now"] for r in rows],
+                "intents": [Jsonb(r["intent"]) for r in rows],
+                "worker": worker,
+                "reason": "skipped by an operator",
+            },
+        )
+        moved = await cur.fetchall()
+    return [
+        {"timer_id": m["timer_id"], "from": r["due_at"], "to": m["due_at"], "purpose": r["purpose"]}
+        for m, r in zip(moved, rows, strict=False)
+    ]
+
+
 async def db_now(pool: Pool) -> datetime:
     """The database's clock (the clock every instant is compared with)."""
     async with pool.connection() as conn:

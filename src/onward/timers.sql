@@ -115,6 +115,16 @@ hist AS (
 )
 SELECT org_id, timer_id, due_at, wake_n FROM timer_due;
 
+-- name: pending_of_run
+-- The unfired timer a waiting step of the run waits on (the wait itself or its deadline).
+SELECT t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.wake_n, t.intent, t.purpose,
+       now() AS db_now
+FROM timers t
+JOIN steps s ON s.org_id = t.org_id AND s.run_id = t.run_id AND s.seq = t.seq
+WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s AND t.fired_at IS NULL
+  AND s.status = 'waiting'
+ORDER BY t.timer_id;
+
 -- name: db_now
 -- The database's clock: the reference instant of a preview that names none.
 SELECT now() AS now;

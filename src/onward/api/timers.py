@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from onward import calendar, timers
-from onward.api.app import JsonRoute, OrgDep
+from onward.api.app import NOT_FOUND, JsonRoute, OrgDep
 from onward.api.models import NO_NUL
 from onward.durations import parse_duration
 from onward.errors import InvalidInput
@@ -114,3 +114,27 @@ async def recompute_timers(body: RecomputeRequest, org: OrgDep) -> Any:
         )
     )
     return done.as_dict()
+
+
+class SkipRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: IdText
+
+
+class Skipped(BaseModel):
+    timer_id: int
+    from_: datetime = Field(alias="from")
+    to: datetime
+    purpose: str
+
+
+@router.post(
+    "/v1/timers/skip",
+    response_model=list[Skipped],
+    response_model_by_alias=True,
+    responses=NOT_FOUND,
+)
+async def skip_timer(body: SkipRequest, org: OrgDep) -> Any:
+    """Skip a waiting run's timer (a wait, or a signal's or approval's deadline): it fires now,
+    with a ``timer_moved`` row in the run's history. Empty: the run waits on no timer."""
+    return await org.write(lambda: org.engine.skip_wait(body.run_id))
