@@ -179,9 +179,14 @@ def test_demo_finishes_with_a_completed_run_and_the_duplicate_in_its_timeline(db
     assert re.search(r"delivery 2: .* -> 200 duplicate", out), out
     run_ids = re.findall(r'"run_id": "(run_\w+)"', out)
     assert len(run_ids) == 2 and run_ids[0] == run_ids[1]
-    assert f"run {run_ids[0]}  demo-welcome v1  status=completed" in out
-    assert "start_duplicate" in out and "timer_fired" in out
-    assert "result: Hello Maya! (followed up 2 times)" in out
+    assert f"run {run_ids[0]}  demo-follow-up v1  status=completed" in out
+    # the reference scenario: the 09:00 wait skipped, Sam's click, Maya's reply by email
+    assert "start_duplicate" in out and "timer_moved" in out and "timer_fired" in out
+    assert re.search(r"U_SAM clicks Approve .* -> 200 .*'outcome': 'approved'", out), out
+    assert "approval_requested" in out and "approval_decided" in out
+    assert re.search(r"Maya replies .* -> \[202, 200\]", out), out
+    assert "signal_consumed" in out
+    assert "result: replied: Yes, Thursday works for me." in out
     assert "run_completed" in out
 
 

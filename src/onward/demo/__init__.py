@@ -1,10 +1,13 @@
 """``onward demo``: the whole engine in one process, on the embedded PostgreSQL by default.
 
-It publishes ``welcome.yaml`` (built-in step kinds only: set, wait_for, branch, goto), serves
-the API on a free localhost port, delivers the automation's start webhook twice over real
-HTTP with the same event id (the second delivery is answered as a duplicate with the same run
-id), runs the worker, relay and sweeper in this process until the run finishes, and prints the
-run's timeline.
+It publishes the reference scenario ``demo-follow-up`` (``follow_up.yaml``), serves the API on
+a free localhost port, starts the sandbox's providers, and drives one run through every part of
+it (:mod:`onward.demo.follow_up`): the form's webhook delivered twice over real HTTP with the
+same event id (the second answered as a duplicate with the same run id), the 09:00 wait (skipped
+by an operator's command), the model draft, the CRM update, Sam's approval clicked in the
+sandbox's Slack, the email, and Maya's reply through the inbound-email webhook. It runs the
+worker, relay and sweeper in this process until the run finishes, and prints the run's
+timeline. ``welcome.yaml`` is a smaller example of the built-in step kinds alone.
 
 Given ``documents`` (``onward --app MODULE:ATTR demo``: the app's automations), it publishes
 all of them in one transaction instead and runs the first, with ``payload`` as the webhook's
@@ -30,7 +33,7 @@ from onward.config import Settings
 from onward.engine import Engine
 from onward.history import render_timeline
 
-DEMO_FILE = "welcome.yaml"
+DEMO_FILE = "follow_up.yaml"
 
 
 def demo_document(name: str = DEMO_FILE) -> dict[str, Any]:
@@ -81,6 +84,8 @@ async def run_demo(
     if documents is None:
         documents = [(f"onward/demo/{DEMO_FILE}", demo_document())]
     body = payload if payload is not None else {"name": name}
+    if builtin:
+        timeout = max(timeout, 60.0)
     async with Engine.open(settings) as engine:
         every = await publish_all(engine.pool, engine.org_id, documents, registry=engine.registry)
         for each in every:
@@ -94,33 +99,57 @@ async def run_demo(
         )
         async with engine.running(), api:
             out(f"API listening on {api.url}  (OpenAPI: {api.url}/docs)")
-            event_id = f"evt_demo_{secrets.token_hex(4)}"
-            path = f"/v1/hooks/{published.automation_id}"
-            async with httpx.AsyncClient(base_url=api.url, timeout=30.0) as client:
-                for delivery in (1, 2):
-                    reply = await client.post(path, json=body, headers={"X-Event-Id": event_id})
-                    body = reply.json()
-                    answers.append((reply.status_code, body))
-                    what = "duplicate" if body.get("duplicate") else "created"
-                    out(
-                        f"delivery {delivery}: POST {path}  X-Event-Id: {event_id}"
-                        f"  -> {reply.status_code} {what}  {json.dumps(body)}"
-                    )
-                    if reply.status_code >= 400:
-                        raise RuntimeError(f"the webhook refused the delivery: {body}")
-            run_ids = {body["run_id"] for _, body in answers}
-            if len(run_ids) != 1:  # pragma: no cover - what R1 forbids
-                raise RuntimeError(f"two deliveries of one event started {len(run_ids)} runs")
-            run_id = run_ids.pop()
-            how = " (a 2 s durable timer, then a loop that runs twice)" if builtin else ""
-            out(f"running {run_id}{how} ...")
-            status = await engine.wait(run_id, timeout=timeout)
+            if builtin:
+                from onward.demo.follow_up import run_follow_up
+
+                run_id, answers = await run_follow_up(
+                    settings, engine, api.url, out=out, payload=payload, timeout=timeout
+                )
+                status = await engine.status(run_id)
+            else:
+                run_id, answers, status = await _run_documents(
+                    engine, api.url, published.automation_id, body, out, timeout
+                )
         view = await engine.show(run_id)
     seconds = time.monotonic() - began
     timeline = render_timeline(view)
     out(timeline)
-    summary = (view["run"].get("ctx") or {}).get("vars", {}).get("summary")
-    if summary:
-        out(f"result: {summary}")
+    variables = (view["run"].get("ctx") or {}).get("vars", {})
+    result = variables.get("summary") or variables.get("outcome")
+    if result:
+        out(f"result: {result}")
     out(f"run {run_id} {status}; demo took {seconds:.1f}s")
     return DemoResult(run_id, status, seconds, answers, timeline)
+
+
+async def _run_documents(
+    engine: Engine,
+    api_url: str,
+    automation_id: str,
+    body: dict[str, Any],
+    out: Callable[[str], None],
+    timeout: float,
+) -> tuple[str, list[tuple[int, dict[str, Any]]], str]:
+    """Deliver the first automation's webhook twice and run it until it finishes."""
+    answers: list[tuple[int, dict[str, Any]]] = []
+    event_id = f"evt_demo_{secrets.token_hex(4)}"
+    path = f"/v1/hooks/{automation_id}"
+    async with httpx.AsyncClient(base_url=api_url, timeout=30.0) as client:
+        for delivery in (1, 2):
+            reply = await client.post(path, json=body, headers={"X-Event-Id": event_id})
+            answer = reply.json()
+            answers.append((reply.status_code, answer))
+            what = "duplicate" if answer.get("duplicate") else "created"
+            out(
+                f"delivery {delivery}: POST {path}  X-Event-Id: {event_id}"
+                f"  -> {reply.status_code} {what}  {json.dumps(answer)}"
+            )
+            if reply.status_code >= 400:
+                raise RuntimeError(f"the webhook refused the delivery: {answer}")
+    run_ids = {answer["run_id"] for _, answer in answers}
+    if len(run_ids) != 1:  # pragma: no cover - what R1 forbids
+        raise RuntimeError(f"two deliveries of one event started {len(run_ids)} runs")
+    run_id = run_ids.pop()
+    out(f"running {run_id} ...")
+    status = await engine.wait(run_id, timeout=timeout)
+    return run_id, answers, status
