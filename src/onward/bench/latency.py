@@ -1,26 +1,69 @@
-"""``onward bench latency``: timer lateness (fired_at - due_at), fast path against sweep-only.
+"""``onward bench latency``: timer lateness, a signal's way to the next step, signal intake.
 
-N runs each wait 1 s on a ``wait_for`` timer. Lateness is read from the timers themselves
-(recorded per timer by the database clock) and printed as p50/p99 for two modes run in the same
-sitting: the fast path (the delayed wake of the configured queue) and sweep-only
-(``ONWARD_QUEUE=none``: only the due sweep fires timers). The ceiling is the sweep interval:
-sweep-only lateness is bounded by it; the fast path should sit far below it.
+1. **Timer lateness** (fired_at - due_at). N runs each wait 1 s on a ``wait_for`` timer.
+   Lateness is read from the timers themselves (recorded per timer by the database clock) and
+   printed as p50/p99 for two modes run in the same sitting: the fast path (the delayed wake of
+   the configured queue) and sweep-only (``ONWARD_QUEUE=none``: only the due sweep fires
+   timers). The ceiling is the sweep interval: sweep-only lateness is bounded by it; the fast
+   path should sit far below it.
+2. **Signal -> next step claimed** (the fast path, PostgreSQL queue). N runs wait on a
+   ``wait_signal`` step in a worker process (``python -m onward.bench.proc worker``: worker,
+   relay, sweeper); this process delivers each run's signal through the library
+   (``Engine.signal``), one every ``pace`` seconds. Measured by the database's clock from the
+   delivery call's start (this process's clock, moved onto the database's by the offset of a
+   ``clock_timestamp()`` round trip) to the history rows: ``signal_consumed`` (the intake
+   committed), the woken step's ``step_claimed`` and the next step's ``step_claimed``. Beside
+   it: the relay's poll interval, which bounds how long the wake of a consumed signal waits
+   (intake kicks no relay of its own), and the timer fast path of the same sitting.
+3. **Signal intake over HTTP**. ``POST /v1/signals`` to the API in its own process (``python -m
+   onward.bench.proc api``, no worker) from ``clients`` concurrent keep-alive connections; each
+   signal names a run whose step waits on it and is sent twice, in shuffled order (so some
+   duplicates race their original): every first delivery must be answered 202 ``consumed``,
+   every repeat 200 with the same status, and each signal stored once with 2 deliveries.
+   Signals/s, p50/p99 per request and commits per request (``pg_stat_database``), beside the
+   machine's ceiling: pgbench's minimal one-statement write transaction (``start_cte``) at the
+   same number of clients.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
+import random
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 
 from onward.automations.builder import Automation
 from onward.bench import median, percentile
+from onward.bench.ceiling import (
+    db_counters,
+    db_delta,
+    find_pgbench,
+    pgbench,
+    prepare_pgbench,
+    settle_stats,
+)
 from onward.bench.db import scratch_database
+from onward.bench.proc import Child
+from onward.bench.start import _read_response
 from onward.config import Settings
 from onward.engine import Engine
+from onward.outbox import Relay
 
 FLOW = Automation("bench-latency").step("wait", "wait_for", duration="1s").build()
+SIGNAL_AUTOMATION = "bench-signal"
+SIGNAL_FLOW = (
+    Automation(SIGNAL_AUTOMATION)
+    .step("wait", "wait_signal", signals=["reply"], deadline="1h")
+    .step("after", "set", values={"replied": "true"})
+    .build()
+)
+# the relay's poll interval when nothing kicks it (intake in another process does not)
+RELAY_POLL_S: float = inspect.signature(Relay).parameters["poll_seconds"].default
 
 
 async def _mode(url: str, queue: str, runs: int, sweep_s: float, redis_url: str) -> dict[str, Any]:
@@ -61,23 +104,309 @@ async def _mode(url: str, queue: str, runs: int, sweep_s: float, redis_url: str)
     }
 
 
+# -- signals: the runs that wait, the clocks ----------------------------------------------------
+
+
+def _signal_settings(url: str, org: str) -> Settings:
+    return Settings(database_url=url, org_id=org, queue="postgres")
+
+
+def _signal_worker(url: str, org: str) -> Child:
+    """A worker process (worker, relay, sweeper) serving the signal flow's lanes."""
+    return Child(
+        "worker",
+        "--url",
+        url,
+        "--org",
+        org,
+        "--lanes",
+        "wait=64,fast=64",
+        "--poll",
+        "2.0",
+        "--sweep",
+        "2.0",
+        "--automation",
+        SIGNAL_AUTOMATION,
+    )
+
+
+async def _count(engine: Engine, query: str) -> int:
+    async with engine.pool.connection() as conn:
+        row = await (await conn.execute(query, {"org_id": engine.org_id})).fetchone()
+    return int(row["n"]) if row else 0
+
+
+async def _until(engine: Engine, query: str, n: int, what: str, timeout: float = 120.0) -> None:
+    """Poll ``query`` (a count for the engine's organisation) until it reaches ``n``."""
+    deadline = time.monotonic() + timeout
+    while (got := await _count(engine, query)) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {got} of {n} after {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+WAITING = (
+    "SELECT count(*) AS n FROM steps WHERE org_id = %(org_id)s AND status = 'waiting' "
+    "AND wait_kind = 'signal'"
+)
+COMPLETED = "SELECT count(*) AS n FROM runs WHERE org_id = %(org_id)s AND status = 'completed'"
+
+
+async def _waiting_runs(url: str, org: str, n: int) -> list[str]:
+    """Publish the signal flow, start ``n`` runs and let a worker process make each wait on
+    its signal; the worker is stopped before this returns. The run ids."""
+    async with Engine.open(_signal_settings(url, org), migrate=False, start_queue=False) as engine:
+        await engine.publish(SIGNAL_FLOW)
+        run_ids = [
+            (await engine.start(SIGNAL_AUTOMATION, {"i": i}, key=f"{org}-{i}")).run_id
+            for i in range(n)
+        ]
+        worker = _signal_worker(url, org)
+        try:
+            worker.wait_ready()
+            worker.send("go")
+            await _until(engine, WAITING, n, "runs waiting on their signal")
+            worker.send("stop")
+            worker.finish()
+        finally:
+            worker.kill()
+    return run_ids
+
+
+async def _clock_offset(engine: Engine, samples: int = 15) -> float:
+    """The database's clock minus this process's (``time.time()``), in seconds: from the
+    ``clock_timestamp()`` round trip that took the least time."""
+    best: tuple[float, float] | None = None
+    async with engine.pool.connection() as conn:
+        for _ in range(samples):
+            t0 = time.time()
+            row = await (await conn.execute("SELECT clock_timestamp() AS t")).fetchone()
+            t1 = time.time()
+            assert row is not None
+            offset = row["t"].timestamp() - (t0 + t1) / 2
+            if best is None or t1 - t0 < best[0]:
+                best = (t1 - t0, offset)
+    assert best is not None
+    return best[1]
+
+
+# -- signal -> next step claimed ----------------------------------------------------------------
+
+MILESTONES = """
+SELECT r.run_id,
+       (SELECT min(h.at) FROM history h WHERE h.org_id = r.org_id AND h.run_id = r.run_id
+          AND h.event = 'signal_consumed') AS consumed,
+       (SELECT min(h.at) FROM history h WHERE h.org_id = r.org_id AND h.run_id = r.run_id
+          AND h.event = 'step_claimed' AND h.seq = 1 AND h.attempt > 1) AS woken_claimed,
+       (SELECT min(h.at) FROM history h WHERE h.org_id = r.org_id AND h.run_id = r.run_id
+          AND h.event = 'step_claimed' AND h.seq = 2) AS next_claimed
+FROM runs r WHERE r.org_id = %(org_id)s
+"""
+
+
+def _dist(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(median(values), 1),
+        "p99": round(percentile(values, 99), 1),
+        "max": round(max(values, default=0.0), 1),
+    }
+
+
+async def _signal_latency(url: str, n: int, pace: float) -> dict[str, Any]:
+    org = "lat-signal"
+    run_ids = await _waiting_runs(url, org, n)
+    async with Engine.open(_signal_settings(url, org), migrate=False, start_queue=False) as engine:
+        worker = _signal_worker(url, org)
+        try:
+            worker.wait_ready()
+            worker.send("go")
+            offset = await _clock_offset(engine)
+            sent: dict[str, float] = {}  # run_id -> delivery start, by the database's clock
+            call_ms: list[float] = []
+            statuses: dict[str, int] = {}
+            for run_id in run_ids:
+                t0 = time.time()
+                got = await engine.signal(f"sig-{run_id}", "reply", run_id=run_id)
+                call_ms.append((time.time() - t0) * 1000)
+                sent[run_id] = t0 + offset
+                statuses[got.status] = statuses.get(got.status, 0) + 1
+                await asyncio.sleep(pace)  # an even trickle: the latency of one, not a burst
+            await _until(engine, COMPLETED, n, "runs completed after their signal")
+            worker.send("stop")
+            worker.finish()
+        finally:
+            worker.kill()
+        async with engine.pool.connection() as conn:
+            rows = await (await conn.execute(MILESTONES, {"org_id": org})).fetchall()
+    legs: dict[str, list[float]] = {"consumed": [], "woken_claimed": [], "next_claimed": []}
+    for r in rows:
+        for leg, values in legs.items():
+            if r[leg] is not None:
+                values.append((r[leg].timestamp() - sent[r["run_id"]]) * 1000)
+    return {
+        "signals": n,
+        "pace_ms": round(pace * 1000, 1),
+        "statuses": statuses,
+        "clock_offset_ms": round(offset * 1000, 2),
+        "relay_poll_ms": round(RELAY_POLL_S * 1000, 1),
+        "intake_call_ms": _dist(call_ms),
+        **{f"{leg}_ms": _dist(values) for leg, values in legs.items()},
+        "measured": {leg: len(values) for leg, values in legs.items()},
+    }
+
+
+# -- signal intake over HTTP --------------------------------------------------------------------
+
+
+async def _signal_client(
+    host: str,
+    port: int,
+    work: list[tuple[str, bytes]],
+    answers: list[tuple[str, int, dict[str, Any], float]],
+) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while work:
+            signal_id, body = work.pop()
+            head = (
+                f"POST /v1/signals HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            t0 = time.perf_counter()
+            writer.write(head + body)
+            await writer.drain()
+            status, raw = await _read_response(reader)
+            ms = (time.perf_counter() - t0) * 1e3
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                doc = {}
+            answers.append((signal_id, status, doc if isinstance(doc, dict) else {}, ms))
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def _signal_load(
+    api_url: str, run_ids: list[str], clients: int
+) -> tuple[float, list[tuple[str, int, dict[str, Any], float]]]:
+    parts = urlsplit(api_url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    work = [
+        (
+            f"sig-{run_id}",
+            json.dumps({"signal_id": f"sig-{run_id}", "name": "reply", "run_id": run_id}).encode(),
+        )
+        for run_id in run_ids
+    ] * 2
+    random.Random(7).shuffle(work)
+    answers: list[tuple[str, int, dict[str, Any], float]] = []
+    t0 = time.perf_counter()
+    await asyncio.gather(*(_signal_client(host, port, work, answers) for _ in range(clients)))
+    return time.perf_counter() - t0, answers
+
+
+def _signal_http(url: str, n: int, clients: int, pool: int) -> dict[str, Any]:
+    org = "sig-http"
+    run_ids = asyncio.run(_waiting_runs(url, org, n // 2))
+    api = Child("api", "--url", url, "--org", org, "--pool", str(pool))
+    try:
+        ready = api.wait_ready()
+        settle_stats()
+        db0 = db_counters(url)
+        api.send("go")
+        elapsed, answers = asyncio.run(_signal_load(ready["url"], run_ids, clients))
+        api.send("stop")
+        done = api.finish()
+    finally:
+        api.kill()
+    settle_stats()
+    commits = db_delta(db0, db_counters(url))["commits"]
+    statuses: dict[str, int] = {}
+    first: dict[str, str] = {}
+    mismatched = 0
+    for signal_id, status, doc, _ in answers:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+        said = str(doc.get("status"))
+        if signal_id in first and first[signal_id] != said:
+            mismatched += 1
+        first.setdefault(signal_id, said)
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'consumed'), count(*) FILTER "
+            "(WHERE deliveries = 2), count(*) FROM signals WHERE org_id = %s",
+            (org,),
+        ).fetchone()
+    consumed, twice, stored = (int(x) for x in row) if row else (0, 0, 0)
+    lat = [a[3] for a in answers]
+    unique = n // 2
+    return {
+        "requests": len(answers),
+        "signals": unique,
+        "clients": clients,
+        "pool": pool,
+        "elapsed_s": round(elapsed, 3),
+        "requests_per_s": round(len(answers) / elapsed, 1) if elapsed > 0 else 0.0,
+        "signals_per_s": round(unique / elapsed, 1) if elapsed > 0 else 0.0,
+        "latency_ms_p50": round(median(lat), 2),
+        "latency_ms_p99": round(percentile(lat, 99), 2),
+        "commits_per_request": round(commits / max(len(answers), 1), 3),
+        "statuses": statuses,
+        "stored": stored,
+        "consumed": consumed,
+        "stored_with_two_deliveries": twice,
+        "repeat_answers_differing": mismatched,
+        "consistent": (
+            statuses == {"202": unique, "200": unique}
+            and stored == consumed == twice == unique
+            and mismatched == 0
+        ),
+        "server_cpu_ms_per_request": round(done["cpu_s"] * 1000 / max(len(answers), 1), 3),
+    }
+
+
+def _ceiling(url: str, clients: int, transactions: int) -> dict[str, Any] | None:
+    """pgbench's minimal one-statement write transaction at ``clients`` clients: what this
+    machine's PostgreSQL commits per second, in the same sitting."""
+    if find_pgbench() is None:
+        return None
+    prepare_pgbench(url)
+    return pgbench(url, "start_cte", clients, transactions)
+
+
 def run(
     admin_url: str,
     *,
     quick: bool = False,
+    runs: int | None = None,
     queue: str = "postgres",
     redis_url: str = "redis://127.0.0.1:6379/0",
+    clients: int | None = None,
+    pool: int | None = None,
 ) -> dict[str, Any]:
-    runs = 20 if quick else 200
+    """``runs``: timers per mode and signals delivered one by one; the HTTP intake sends
+    ten times as many requests (half of them duplicates)."""
+    runs = runs or (20 if quick else 200)
+    requests = runs * 10
+    requests += requests % 2
+    k = clients or (4 if quick else 16)
+    pool = pool or (4 if quick else 10)
     sweep_s = 2.0
     with scratch_database(admin_url, "latency") as url:
         fast = asyncio.run(_mode(url, queue, runs, sweep_s, redis_url))
         sweep_only = asyncio.run(_mode(url, "none", runs, sweep_s, redis_url))
+        signal = asyncio.run(_signal_latency(url, runs, pace=0.02))
+        intake = _signal_http(url, requests, k, pool)
+        intake["ceiling"] = _ceiling(url, k, requests // 2)
+    tps = (intake["ceiling"] or {}).get("tps")
+    intake["ratio"] = round(intake["requests_per_s"] / tps, 3) if tps else None
     return {
         "bench": "latency",
         "runs": runs,
         "sweep_interval_ms": sweep_s * 1000,
         "modes": [fast, sweep_only],
+        "signal": signal,
+        "signal_http": intake,
     }
 
 
@@ -92,6 +421,58 @@ def render(res: dict[str, Any]) -> str:
         lines.append(
             f"{name:<18} {m['lateness_ms_p50']:>8.1f} {m['lateness_ms_p99']:>8.1f} "
             f"{m['lateness_ms_max']:>8.1f}  {m['fired_by']}"
+        )
+    sig = res.get("signal")
+    if sig:
+        fast_path = res["modes"][0]
+        lines += [
+            "",
+            f"signal -> next step, {sig['signals']} signals through Engine.signal, one every "
+            f"{sig['pace_ms']:.0f} ms, to runs waiting in a worker process (PostgreSQL queue); "
+            f"by the database's clock from the delivery call's start",
+            f"{'leg':<34} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}",
+        ]
+        for leg, label in (
+            ("intake_call_ms", "intake call returned (this process)"),
+            ("consumed_ms", "signal_consumed committed"),
+            ("woken_claimed_ms", "woken step claimed"),
+            ("next_claimed_ms", "next step claimed"),
+        ):
+            d = sig[leg]
+            lines.append(f"{label:<34} {d['p50']:>8.1f} {d['p99']:>8.1f} {d['max']:>8.1f}")
+        lines.append(
+            f"beside it: the relay's poll interval {sig['relay_poll_ms']:.0f} ms (the wake of a "
+            f"consumed signal waits for it: intake kicks no relay); timer fast path lateness "
+            f"p50 {fast_path['lateness_ms_p50']:.1f} ms; intake answered {sig['statuses']}"
+        )
+    http = res.get("signal_http")
+    if http:
+        lines += [
+            "",
+            f"signal intake over HTTP: POST /v1/signals, {http['signals']} signals each sent "
+            f"twice ({http['requests']} requests, shuffled) from {http['clients']} clients; "
+            f"API process pool {http['pool']}, no worker",
+            f"{'path':<34} {'per s':>8} {'p50 ms':>8} {'p99 ms':>8} {'commits/req':>12}",
+            f"{'POST /v1/signals (50% repeats)':<34} {http['requests_per_s']:>8.0f} "
+            f"{http['latency_ms_p50']:>8.2f} {http['latency_ms_p99']:>8.2f} "
+            f"{http['commits_per_request']:>12.2f}",
+        ]
+        ceiling = http.get("ceiling")
+        if ceiling and "error" not in ceiling:
+            lines.append(
+                f"{'pgbench minimal write, ' + str(ceiling['clients']) + ' clients':<34} "
+                f"{ceiling['tps']:>8.0f} {ceiling['latency_ms']:>8.2f} {'':>8} {1.0:>12.2f}"
+            )
+        elif ceiling:
+            lines.append(f"pgbench: error: {ceiling['error']}")
+        lines.append(
+            f"{http['signals_per_s']:.0f} signals/s; answers {http['statuses']}: stored "
+            f"{http['stored']}, consumed {http['consumed']}, with 2 deliveries "
+            f"{http['stored_with_two_deliveries']}, repeats answered differently "
+            f"{http['repeat_answers_differing']} -> "
+            f"{'consistent' if http['consistent'] else 'INCONSISTENT'}; server CPU "
+            f"{http['server_cpu_ms_per_request']:.2f} ms/request"
+            + (f"; requests / ceiling {http['ratio']:.2f}" if http.get("ratio") else "")
         )
     return "\n".join(lines)
 
