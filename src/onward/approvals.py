@@ -357,7 +357,7 @@ def _why_not(
         return ("superseded", "a newer request replaced this one; use its buttons")
     if status == "cancelled" or current["run_status"] in ("cancelled", "failed", "exceeded"):
         return ("cancelled", f"the run was {current['run_status']}; nothing to decide")
-    if status == "pending" and locked["deadline_timer"] is None:
+    if status == "pending" and locked["deadline_fired"]:
         return ("expired", "this request's deadline has passed")
     return None
 

@@ -61,15 +61,22 @@ FROM approvals a JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
 WHERE a.org_id = %(org_id)s AND a.approval_id = %(approval_id)s;
 
 -- name: lock
--- Lock a request for a decision (after the run's row), and its step's unfired deadline timer:
--- a fire holding the timer makes this wait, and then it is fired (the deadline won); held,
--- no fire can take the step (fire skips locked timers).
+-- Lock a request for a decision (after the run's row), and the unfired deadline timer of its
+-- wait (the timer's intent names the request): a fire holding the timer makes this wait, and
+-- then it is fired -- the deadline won; held, no fire can take the step (fire skips locked
+-- timers). A request whose step has not begun to wait yet has no timer: it may be decided
+-- (the settle that makes the step wait then wakes it, approvals.wake_if_decided).
 SELECT a.status, now() >= a.deadline_at AS past_deadline,
        (SELECT t.timer_id FROM timers t
         WHERE t.org_id = a.org_id AND t.run_id = a.run_id AND t.seq = a.seq
           AND t.purpose = 'deadline' AND t.fired_at IS NULL
+          AND t.intent ->> 'approval_id' = a.approval_id
         ORDER BY t.timer_id DESC LIMIT 1
-        FOR UPDATE) AS deadline_timer
+        FOR UPDATE) AS deadline_timer,
+       EXISTS (SELECT 1 FROM timers t
+               WHERE t.org_id = a.org_id AND t.run_id = a.run_id AND t.seq = a.seq
+                 AND t.purpose = 'deadline' AND t.fired_by IN ('wake', 'sweep')
+                 AND t.intent ->> 'approval_id' = a.approval_id) AS deadline_fired
 FROM approvals a
 WHERE a.org_id = %(org_id)s AND a.approval_id = %(approval_id)s
 FOR UPDATE OF a;

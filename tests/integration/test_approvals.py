@@ -364,3 +364,30 @@ async def test_an_approval_step_that_does_not_fit_is_refused_at_publish(engine: 
         await engine.publish(flow("bad", on_deadline="escalate"))
     with pytest.raises(InvalidAutomation, match="default"):
         await engine.publish(flow("bad2", on_deadline="default"))
+
+
+async def test_a_decision_before_the_step_waits_wakes_it_as_soon_as_it_waits(
+    engine: Engine, sql: psycopg.Connection[Any], slack: Slack, sandbox: SandboxServer
+) -> None:
+    # the Slack post is slow: the request exists, the step is still running when Sam decides
+    reply = await slack.client.post("/_admin/faults/slack", json={"latency_ms": 1500})
+    reply.raise_for_status()
+    run_id = await started(engine, "a11", deadline="1h")
+    async with engine.running():
+
+        async def requested() -> Any:
+            return sql.execute(
+                "SELECT approval_id FROM approvals WHERE run_id = %s", (run_id,)
+            ).fetchone()
+
+        row = await eventually(requested, what="the request")
+        step = sql.execute(
+            "SELECT status FROM steps WHERE run_id = %s AND step_id = 'approve'", (run_id,)
+        ).fetchone()
+        assert step == {"status": "running"}
+        got = await engine.decide(row["approval_id"], "approve", user=SAM)
+        assert got["status"] == "approved"
+        assert await engine.wait(run_id, timeout=30) == "completed"  # not after the hour
+    waited, decided = history(sql, run_id, "step_waiting", "approval_decided")[-2:]
+    assert (waited["event"], decided["event"]) == ("step_waiting", "approval_decided")
+    assert output(sql, run_id)["decided_by"] == SAM
