@@ -38,7 +38,7 @@ from onward.inputs import check_storable, check_text
 Q = Queries(__package__, "signals.sql")
 
 MAX_NAME = 64
-MAX_ID = 256
+MAX_ID = 320  # a sender's event id (256) with its source's prefix (ids.signal_id)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ Two choices of the run are deliberate, and documented in the API itself:
   small language (cron, RRULE, "09:00 on weekdays") and a zone an IANA name this process's tz
   database knows, both checked by ``onward.calendar``; and a recompute must say which timers
   (a run, a contact, an automation, or every organisation's, alone).
+* ``POST /v1/signals`` may answer 422 to a schema-valid request: a signal names exactly one of
+  ``run_id`` and ``correlation_key`` (the API says so; the schema keeps both optional); and 404
+  when the run it names does not exist (no generator can know a run id).
 """
 
 from __future__ import annotations
@@ -61,7 +64,17 @@ CONFIG = {
             "include-name": name,
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
         }
-        for name in ("POST /v1/automations", "GET /v1/timers/preview", "POST /v1/timers/recompute")
+        for name in (
+            "POST /v1/automations",
+            "GET /v1/timers/preview",
+            "POST /v1/timers/recompute",
+        )
+    ]
+    + [
+        {
+            "include-name": "POST /v1/signals",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "422"]}},
+        }
     ],
 }
 

@@ -8,6 +8,7 @@ signal whose run has finished or was cancelled (it is recorded as refused all th
 """
 
 import asyncio
+import hashlib
 import json
 import logging
 from datetime import datetime
@@ -22,11 +23,11 @@ from onward import ids
 from onward.api.models import MAX_EVENT_ID, NO_NUL
 from onward.automations.document import ID_PATTERN
 from onward.errors import DecisionRefused, InvalidInput
-from onward.signals import MAX_ID, MAX_NAME, Delivered
+from onward.signals import MAX_NAME, Delivered
 
 log = logging.getLogger("onward.api")
 
-IdText = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=NO_NUL)]
+IdText = Annotated[str, Field(min_length=1, max_length=MAX_EVENT_ID, pattern=NO_NUL)]
 NameText = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL)]
 
 
@@ -147,9 +148,9 @@ def _answer(got: Delivered, response: Response) -> SignalAnswer:
 
 def router() -> APIRouter:
     """The people-in-the-loop routes, for ``create_app`` to include."""
-    from onward.api.app import NOT_FOUND, OrgDep, Refused, _errors
+    from onward.api.app import NOT_FOUND, JsonRoute, OrgDep, Refused, _errors
 
-    routes = APIRouter(tags=["signals"])
+    routes = APIRouter(route_class=JsonRoute, tags=["signals"])
     refused = _errors(409)
 
     @routes.post(
@@ -176,7 +177,7 @@ def router() -> APIRouter:
     @routes.get("/v1/signals", response_model=list[SignalView])
     async def list_signals(
         org: OrgDep,
-        run_id: Annotated[str | None, Query(max_length=MAX_ID, pattern=NO_NUL)] = None,
+        run_id: Annotated[str | None, Query(max_length=MAX_EVENT_ID, pattern=NO_NUL)] = None,
         status: Annotated[Literal["pending", "consumed", "refused", "late"] | None, Query()] = None,
         unrouted: Annotated[bool, Query(description="only those nobody can route")] = False,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -194,6 +195,7 @@ def router() -> APIRouter:
     )
     async def inbound_email(
         body: InboundEmail,
+        request: Request,
         org: OrgDep,
         response: Response,
         x_event_id: Annotated[
@@ -204,10 +206,9 @@ def router() -> APIRouter:
         (``email.unsubscribed``, which also suppresses the sender) becomes the signal
         ``reply`` / ``unsubscribe``, routed by ``in_reply_to`` to the run whose send step
         recorded that message id. Its identity is the provider's event id (``X-Event-Id`` or
-        ``event_id``; else the new message's id), so a redelivery is a duplicate."""
-        event = x_event_id or body.event_id or body.message_id
-        if not event:
-            raise InvalidInput("an inbound email needs an event id (X-Event-Id or event_id)")
+        ``event_id``; else the new message's id; else, weaker, a hash of the body), so a
+        redelivery is a duplicate."""
+        event = x_event_id or body.event_id or body.message_id or _body_hash(await request.body())
         name = "unsubscribe" if body.type == "email.unsubscribed" else "reply"
         payload = {
             "from": body.from_,
@@ -238,7 +239,7 @@ def router() -> APIRouter:
     @routes.get("/v1/approvals", response_model=list[ApprovalView], tags=["approvals"])
     async def list_approvals(
         org: OrgDep,
-        run_id: Annotated[str | None, Query(max_length=MAX_ID, pattern=NO_NUL)] = None,
+        run_id: Annotated[str | None, Query(max_length=MAX_EVENT_ID, pattern=NO_NUL)] = None,
         status: Annotated[
             Literal["pending", "approved", "rejected", "expired", "superseded", "cancelled"] | None,
             Query(),
@@ -283,7 +284,7 @@ def router() -> APIRouter:
         responses=NOT_FOUND,
     )
     async def revoke(
-        approver: Annotated[str, Path(max_length=MAX_ID, pattern=NO_NUL)],
+        approver: Annotated[str, Path(max_length=MAX_EVENT_ID, pattern=NO_NUL)],
         org: OrgDep,
         automation_id: Annotated[str, Query(max_length=256, pattern=NO_NUL)] = "*",
     ) -> Any:
@@ -364,6 +365,10 @@ def router() -> APIRouter:
         return answer
 
     return routes
+
+
+def _body_hash(raw: bytes) -> str:
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def _signed(secret: str | None, raw: bytes, timestamp: str | None, signature: str | None) -> bool:
