@@ -335,7 +335,11 @@ async def decide(
         if refusal is None:
             await _settle(conn, org_id, approval_id, decision, user, via, worker)
             crash_point("approval.after_decide")
-            return {**_read_back({**current, "status": decision}), "decided_by": user}
+            decided = await (
+                await conn.execute(Q.get, {"org_id": org_id, "approval_id": approval_id})
+            ).fetchone()
+            assert decided is not None
+            return _read_back(decided)
     reason, message = refusal
     if reason != "decided":
         await _refused(pool, org_id, approval_id, user, reason, via, worker)

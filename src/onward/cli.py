@@ -829,5 +829,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # Run the canonical module's app, not this __main__ copy's: the command groups in their own
+    # modules import their helpers (and UsageProblem) from `onward.cli`, so an error they raise
+    # must be caught by that module's main.
+    from onward.cli import main as canonical_main
+
     with contextlib.suppress(BrokenPipeError):
-        main()
+        canonical_main()

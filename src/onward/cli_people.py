@@ -96,7 +96,7 @@ def signals(
         _print_json(rows)
         return
     for r in rows:
-        to = r["run_id"] or "(unrouted)"
+        to = r["run_id"] or "-"
         typer.echo(
             f"{r['received_at']:%Y-%m-%d %H:%M:%S}  {r['signal_id']}  {r['name']:<12} "
             f"{r['status']:<9} {to}  x{r['deliveries']}"

@@ -149,9 +149,11 @@ SELECT signal_id, name, correlation_key, run_id, status, reason, seq, deliveries
 FROM signals WHERE org_id = %(org_id)s AND signal_id = %(signal_id)s;
 
 -- name: list
--- A page of an organisation's signals, newest first, narrowed by run, status or unrouted.
-SELECT signal_id, name, correlation_key, run_id, status, reason, seq, deliveries,
-       received_at, consumed_at
+-- A page of an organisation's signals, newest first, narrowed by run, status or unrouted (a
+-- pending signal nobody can route is shown as `unrouted`).
+SELECT signal_id, name, correlation_key, run_id,
+       CASE WHEN run_id IS NULL AND status = 'pending' THEN 'unrouted' ELSE status END AS status,
+       reason, seq, deliveries, received_at, consumed_at
 FROM signals
 WHERE org_id = %(org_id)s
   AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)

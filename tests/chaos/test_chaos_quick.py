@@ -1,10 +1,14 @@
-"""A CI-sized chaos run (``onward chaos --runs 30``): real worker, leader and starter processes
-against a real PostgreSQL and the sandbox providers, killed with SIGKILL at every crash point a
-process can reach (plus random points and random moments), with random database connections
-terminated, a worker paused (SIGSTOP) past its lease and woken, every wake delivered twice and
-out of order, and the sweeper's clock five minutes fast. It fails if any figure is wrong: a run lost, a transition applied twice, a duplicate
-effect at any provider, a completed run without its provider work, a process dying in a way
-nobody planned, a lease taken before it lapsed, or a crash point never reached."""
+"""A CI-sized chaos run (``onward chaos --runs 30``) of the full reference scenario: real worker,
+leader, starter and engine API processes against a real PostgreSQL and the sandbox providers,
+killed with SIGKILL at every crash point a process can reach (plus random points and random
+moments), with random database connections terminated, a worker paused (SIGSTOP) past its lease
+and woken, every wake delivered twice and out of order, and the sweeper's clock five minutes
+fast -- while people click Approve in Slack (two approvers at once, Slack retries and replays)
+and answer the emails (every reply delivered twice; early, late, or never). It fails if any
+figure is wrong: a run lost or unfinished, a transition, a decision or a signal applied twice,
+a step not following its decision or its signal, a duplicate effect at any provider, a
+completed run without its provider work, a process dying in a way nobody planned, a lease
+taken before it lapsed, or a crash point never reached."""
 
 from __future__ import annotations
 
@@ -52,12 +56,28 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     assert report.charged_runs <= charges(RUNS)
     # nothing applied twice, at home or at a provider
     assert report.double_transitions == 0, report.doubles
-    assert report.duplicates == {"email": 0, "crm": 0}
+    assert report.duplicates == {"email": 0, "crm": 0}  # no email sent twice
     assert report.payment_duplicates == 0
     assert report.missing_effects == 0
+    # the approvals: one decision per request, whoever clicked and however often
+    assert report.decisions > 0 and report.races > 0 and report.clicks_decided > 0
+    assert report.double_decisions == 0, report.doubles
+    assert report.race_answers_both_yes == 0
+    assert report.decisions_astray == 0
+    assert report.clicks_refused_otherwise == 0 and report.people_errors == []
+    assert report.replays > 0
+    # the replies: each consumed once, by the step that waited for it
+    assert report.replies_consumed > 0
+    assert report.double_consumed == 0, report.doubles
+    assert report.signals_astray == 0
+    assert report.deliveries_refused_otherwise == 0
+    assert report.reply_answers.get("duplicate", 0) > 0  # the provider's second delivery
+    assert report.silent_runs > 0 and report.outcomes.get("no_reply", 0) > 0
+    assert report.completed <= sum(report.outcomes.values()) <= RUNS
     # the schedule beside the scenario fired throughout: one run per instant, none missing
     assert report.scheduled_firings > 0 and report.scheduled_gaps == 0
-    assert report.ledger["email"] == report.ledger["crm"] >= report.completed
+    assert report.ledger["crm"] >= report.completed
+    assert report.ledger["email"] <= report.ledger["crm"]  # rejected runs send nothing
     # the fence and the lease held, with the sweeper's clock skewed
     assert report.leases_taken_early == 0
     # the kills really happened, at every point a process can reach

@@ -140,14 +140,14 @@ def test_signal_by_key_is_unrouted_then_a_repeat_and_bad_requests_are_refused(
 
     listed = ok(onward(db_url, "signals", "--unrouted")).splitlines()
     assert len(listed) == 2, listed
-    assert re.search(r"\be7\s+reply\s+pending\s+\(unrouted\)\s+x1$", listed[0]), listed
-    assert re.search(r"\be1\s+reply\s+pending\s+\(unrouted\)\s+x3$", listed[1]), listed
+    assert re.search(r"\be7\s+reply\s+unrouted\s+-\s+x1$", listed[0]), listed
+    assert re.search(r"\be1\s+reply\s+unrouted\s+-\s+x3$", listed[1]), listed
     rows = json.loads(ok(onward(db_url, "signals", "--unrouted", "--json")))
     assert [(r["signal_id"], r["correlation_key"]) for r in rows] == [
         ("e7", "email:m2"),
         ("e1", "email:m1"),
     ]
-    assert {(r["status"], r["run_id"], r["seq"]) for r in rows} == {("pending", None, None)}
+    assert {(r["status"], r["run_id"], r["seq"]) for r in rows} == {("unrouted", None, None)}
     assert ok(onward(db_url, "signals", "--status", "consumed")) == "no signals\n"
 
 

@@ -60,7 +60,9 @@ class SignalView(BaseModel):
     name: str
     correlation_key: str | None
     run_id: str | None
-    status: str
+    status: str = Field(
+        description="pending, unrouted (pending, nobody to route to), consumed, ..."
+    )
     reason: str | None
     seq: int | None
     deliveries: int

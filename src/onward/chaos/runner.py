@@ -3,16 +3,30 @@ then count what survived.
 
 Set-up: a scratch database on the configured server (or the embedded one), the sandbox
 providers in a child process with a little of every provider fault, one connection per
-provider, the scenario published (:mod:`onward.chaos.scenario`), and beside it, in an
-organisation of its own, an automation whose schedule starts a run every 3 s
+provider (Slack with its signing secret), the approvers granted, the scenario published
+(:mod:`onward.chaos.scenario`: approval in Slack, email, the wait for Maya's reply), and beside
+it, in an organisation of its own, an automation whose schedule starts a run every 3 s
 (``scenario.clock_document``), so the leader is killed while it fires schedules too.
 
-Processes (all ``python -m onward.testing.worker``, each with its own ``application_name``):
+Processes (each with its own ``application_name``):
 
 * ``workers`` worker slots (worker + outbox relay), every wake delivered twice and out of order;
 * one leader slot (worker + relay + the only sweeper candidate), its clock skewed by five
   minutes with libfaketime when installed: it rescues leases, so an early theft would show;
-* one starter, fed batches of start events (each delivered twice, like a webhook).
+* one starter, fed batches of start events (each delivered twice, like a webhook);
+* one engine API (``onward api`` on a port chosen at the start, kept by every restart), where
+  the sandbox sends the Slack clicks (``/v1/slack/slack/interactivity``, signed) and Maya's
+  replies (``/v1/inbound/email``). It is the process killed at ``approval.after_decide`` and
+  ``signal.after_claim``: a click or a delivery whose answer is lost is simply sent again.
+
+The people (a thread of the runner, :class:`_People`) act through the sandbox as the scenario
+says (``scenario.decision``, ``scenario.reply``): they click in every approval message once it is
+posted (two approvers at once on some runs, Slack retries and byte-for-byte replays on others),
+and answer the emails (twice delivered by the provider; early on some runs, never on others).
+A click or a delivery that got no answer is tried again while the request is pending or the
+step still waits.
+
+The first four kinds are ``python -m onward.testing.worker`` processes.
 
 Every slot is respawned when its process dies, from a warm spare that has already imported
 everything (``--standby``), armed (``point@n``, exactly what ``ONWARD_CRASH_AT`` does) with the
@@ -31,10 +45,14 @@ longer come is counted as missed), or at the time limit.
 
 Figures: runs started (exactly one per event), completed, parked for review by provider,
 lost (no durable way forward, or unfinished at the end), transitions applied twice (history),
-provider duplicates (sandbox ledger), scheduled firings (one run per instant, none missing
-between the first and the last, repeats acknowledged as duplicates), kills per point,
-unexpected exits, the doctor (R16). ``ok`` iff nothing was lost, nothing applied twice, no
-idempotent provider did work twice and no scheduled firing went without its run.
+provider duplicates (sandbox ledger), decisions (by a person, by the deadline's default; any
+decision applied twice; any step whose decision is not its request's), replies (consumed,
+late, applied twice; any consumed signal its step did not take), scheduled firings (one run
+per instant, none missing between the first and the last, repeats acknowledged as
+duplicates), kills per point, unexpected exits, the doctor (R16). ``ok`` iff nothing was lost,
+every run finished or parked for review, nothing applied twice (transitions, decisions,
+signals), no decision or signal went astray, no idempotent provider did work twice and no
+scheduled firing went without its run.
 """
 
 from __future__ import annotations
@@ -48,11 +66,15 @@ import random
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -70,8 +92,16 @@ from onward.crashpoints import POINTS
 from onward.db import resolve_url
 from onward.engine import TERMINAL, Engine
 from onward.sandbox import SandboxServer
+from onward.sandbox.admin import SandboxAdmin
+from onward.testing.databases import with_query
 from onward.testing.processes import Process, libfaketime, process_env
-from onward.testing.rows import double_transitions, runs_without_way_forward, unfinished_runs
+from onward.testing.rows import (
+    DECISION_CHECKS,
+    SIGNAL_CHECKS,
+    double_transitions,
+    runs_without_way_forward,
+    unfinished_runs,
+)
 from onward.testing.worker import worker_argv, worker_stats
 
 Out = Callable[[str], None]
@@ -80,7 +110,11 @@ Out = Callable[[str], None]
 # listed with the reason; any other (new) point is armed in worker processes.
 STARTER_POINTS = ("start.after_commit",)
 LEADER_POINTS = ("sweep.after_claim", "sweep.after_fire", "schedule.after_start")
-UNREACHABLE = {"signal.after_claim": "no code calls it yet (no signals module)"}
+# Reached in the API process: a decision's transaction, a delivered reply consumed at once.
+# (``signal.after_claim`` is also reached by a worker's settle when a reply came before the
+# wait: the early replies; those kills come from the API's turn at it.)
+API_POINTS = ("approval.after_decide", "signal.after_claim")
+UNREACHABLE: dict[str, str] = {}
 SHUTDOWN_POINT = "shutdown.before_release"
 ERROR_POINT = "worker.before_settle_error"
 CLOCK_SKEW = "+300"  # the leader's clock runs five minutes fast
@@ -113,7 +147,7 @@ class Spec:
 class Proc(Process):
     """A process in a slot of the run, with what the runner planned for it."""
 
-    role: str = "worker"  # "worker" | "leader" | "starter"
+    role: str = "worker"  # "worker" | "leader" | "starter" | "api"
     slot: int = -1
     specs: list[Spec] = field(default_factory=list)
     spawned_at: float = 0.0
@@ -168,6 +202,39 @@ class Report:
     scheduled_firings: int = 0  # runs the clock's schedule started (scenario.CLOCK_ORG)
     scheduled_gaps: int = 0  # instants between its first and last firing with no run
     scheduled_repeats: int = 0  # firings repeated after a kill, acknowledged as duplicates
+    # approvals (R10)
+    approval_requests: int = 0
+    decisions: int = 0  # by a person (a click): the request approved or rejected
+    approved: int = 0
+    rejected: int = 0
+    decided_by_default: int = 0  # the deadline came first: the step's default applied
+    double_decisions: int = 0  # DECISION_CHECKS, + races where both clickers were told "yes"
+    decisions_astray: int = 0  # a done approval step whose decision is not its request's
+    races: int = 0  # requests two approvers clicked at the same moment
+    race_answers_both_yes: int = 0
+    clicks: int = 0
+    clicks_decided: int = 0  # answered: this click decided
+    clicks_read_back: int = 0  # answered: decided before (first wins), expired...
+    clicks_lost: int = 0  # no answer (API killed) or 5xx: clicked again while pending
+    clicks_refused_otherwise: int = 0  # 401/4xx: must be 0
+    replays: int = 0  # Slack retries and byte-for-byte replays after the answer
+    replays_decided: int = 0  # a replay of a click whose answer was lost: the first decision
+    slack_posts: int = 0
+    slack_reposts: int = 0  # approval messages posted again after an unknown outcome
+    # signals (R9)
+    replies_sent: dict[str, int] = field(default_factory=dict)  # reply/unsubscribe/early
+    silent_runs: int = 0  # Maya never answers: the deadline decides
+    reply_answers: dict[str, int] = field(default_factory=dict)  # what the intake answered
+    deliveries_lost: int = 0  # no answer (API killed) or 5xx: delivered again while waiting
+    deliveries_refused_otherwise: int = 0  # 4xx other than 409: must be 0
+    replies_undelivered: int = 0  # every delivery lost until the step stopped waiting
+    signals: dict[str, int] = field(default_factory=dict)  # by status at the end
+    replies_consumed: int = 0
+    replies_late: int = 0
+    double_consumed: int = 0  # SIGNAL_CHECKS
+    signals_astray: int = 0  # consumed but not what its step took, or taken but not consumed
+    outcomes: dict[str, int] = field(default_factory=dict)  # thank, unsubscribed, no_reply...
+    people_errors: list[str] = field(default_factory=list)
     doctor: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
     time_limit_s: float = 0.0
@@ -184,12 +251,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return (
-            self.lost == 0
-            and self.double_transitions == 0
-            and self.idempotent_duplicates == 0
-            and self.scheduled_gaps == 0
-        )
+        return not self._problems()
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -204,7 +266,7 @@ class Report:
         parked = ", ".join(f"{p} {n}" for p, n in sorted(self.parked_by_provider.items()))
         lines = [
             f"onward chaos: {self.runs} runs of {scenario.AUTOMATION} (queue {self.queue}), "
-            f"{self.workers} worker processes + 1 leader + 1 starter, "
+            f"{self.workers} worker processes + 1 leader + 1 starter + 1 API, "
             f"{self.elapsed_s:.0f} s"
             + (" (STALLED: no run moved for 90 s)" if self.stalled else "")
             + (" (TIME LIMIT REACHED)" if self.timed_out and not self.stalled else ""),
@@ -231,6 +293,31 @@ class Report:
             f"repeated calls (harmless)    model generations {self.model_repeats}, "
             f"CRM upserts {self.crm_repeat_upserts}",
             f"completed runs missing work  {self.missing_effects}",
+            f"approvals                    {self.approval_requests} requests, decisions: "
+            f"{self.decisions} (approved {self.approved}, rejected {self.rejected}), double: "
+            f"{self.double_decisions}; by the deadline's default {self.decided_by_default}",
+            f"                             {self.races} clicked by two approvers at once "
+            f"({self.race_answers_both_yes} told both yes); steps not following their "
+            f"decision {self.decisions_astray}",
+            f"clicks                       {self.clicks} sent: {self.clicks_decided} decided, "
+            f"{self.clicks_read_back} read the first decision back, {self.clicks_lost} lost "
+            f"(clicked again), {self.clicks_refused_otherwise} refused otherwise; "
+            f"{self.replays} Slack retries/replays ({self.replays_decided} decided)",
+            f"slack messages               {self.slack_posts} posted ({self.slack_reposts} again "
+            "after an unknown outcome: harmless, its buttons decide once)",
+            "replies                      sent "
+            + ", ".join(f"{k} {n}" for k, n in sorted(self.replies_sent.items()))
+            + f", silent runs {self.silent_runs}; consumed: {self.replies_consumed}, late: "
+            f"{self.replies_late}, double: {self.double_consumed}",
+            "                             intake answered "
+            + ", ".join(f"{k} {n}" for k, n in sorted(self.reply_answers.items()))
+            + f"; {self.deliveries_lost} lost (delivered again), "
+            f"{self.replies_undelivered} never answered before the deadline, "
+            f"{self.deliveries_refused_otherwise} refused otherwise; signals "
+            + ", ".join(f"{k} {n}" for k, n in sorted(self.signals.items()))
+            + f"; astray {self.signals_astray}",
+            "outcomes                     "
+            + ", ".join(f"{k} {n}" for k, n in sorted(self.outcomes.items())),
             f"scheduled firings            {self.scheduled_firings}   (every "
             f"{scenario.CLOCK_EVERY_S} s: {self.scheduled_gaps} missing, "
             f"{self.scheduled_repeats} repeated after a kill as duplicates)",
@@ -257,6 +344,11 @@ class Report:
         if self.unexpected_exits:
             lines.append(f"unexpected exits: {len(self.unexpected_exits)}")
             lines.extend(f"  {u}" for u in self.unexpected_exits[:10])
+        if self.people_errors:
+            lines.append(
+                f"the people's own errors (sandbox admin calls): {len(self.people_errors)}"
+            )
+            lines.extend(f"  {e}" for e in self.people_errors[:5])
         if self.doctor:
             lines.append("")
             lines.append("R16 invariants (onward doctor, before the workers stopped):")
@@ -271,7 +363,8 @@ class Report:
             lines.append(f"process logs kept in {self.log_dir}")
         lines.append("")
         lines.append(
-            "OK: nothing lost, nothing applied twice, no duplicate effect at an idempotent provider"
+            "OK: nothing lost, nothing applied twice (no double decision, no signal consumed "
+            "twice), no duplicate effect at an idempotent provider"
             if self.ok
             else "FAILED: " + ", ".join(self._problems())
         )
@@ -281,8 +374,25 @@ class Report:
         out = []
         if self.lost:
             out.append(f"{self.lost} runs lost")
+        if self.failed or self.parked_other:
+            out.append(
+                f"{self.failed + self.parked_other} runs neither finished nor parked for review"
+            )
         if self.double_transitions:
             out.append(f"{self.double_transitions} transitions applied twice")
+        if self.double_decisions:
+            out.append(f"{self.double_decisions} decisions applied twice")
+        if self.decisions_astray:
+            out.append(f"{self.decisions_astray} approval steps not following their decision")
+        if self.double_consumed:
+            out.append(f"{self.double_consumed} signals consumed twice")
+        if self.signals_astray:
+            out.append(f"{self.signals_astray} signals consumed but not taken (or the reverse)")
+        if self.clicks_refused_otherwise or self.deliveries_refused_otherwise:
+            out.append(
+                f"{self.clicks_refused_otherwise} clicks and {self.deliveries_refused_otherwise}"
+                " email deliveries refused unexpectedly"
+            )
         if self.idempotent_duplicates:
             out.append(f"{self.idempotent_duplicates} duplicate effects at idempotent providers")
         if self.scheduled_gaps:
@@ -293,9 +403,9 @@ class Report:
 # -- the figures, from the rows and the ledger ----------------------------------------------------
 
 
-def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[str], set[str]]:
-    """Fill the run figures; returns the run ids that count as lost, the completed runs and
-    the runs that reached the payment step."""
+def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tuple[str, str]]]:
+    """Fill the run figures; returns the run ids that count as lost and the provider work the
+    completed runs say they did (provider, idempotency key)."""
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         by_status = {
             r["status"]: r["n"]
@@ -344,26 +454,106 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[str]
             (org,),
         ).fetchone()["n"]  # type: ignore[index]
         report.doubles = double_transitions(conn, org=org)
-        report.double_transitions = sum(report.doubles.values())
+        people = set(DECISION_CHECKS) | set(SIGNAL_CHECKS)
+        report.double_transitions = sum(n for k, n in report.doubles.items() if k not in people)
+        report.double_decisions = sum(report.doubles.get(k, 0) for k in DECISION_CHECKS)
+        report.double_consumed = sum(report.doubles.get(k, 0) for k in SIGNAL_CHECKS)
+        _people_figures(conn, org, report)
         _clock_figures(conn, report)
         report.leases_taken_early = conn.execute(
             "SELECT count(*) AS n FROM history WHERE org_id = %s AND event = 'lease_expired'"
             " AND (detail->>'lease_until')::timestamptz > at",
             (org,),
         ).fetchone()["n"]  # type: ignore[index]
-        completed = [
-            r["run_id"]
-            for r in conn.execute(
-                "SELECT run_id FROM runs WHERE org_id = %s AND status = 'completed'", (org,)
-            ).fetchall()
-        ]
-        charged = {
-            r["run_id"]
-            for r in conn.execute(
-                "SELECT run_id FROM steps WHERE org_id = %s AND step_id = 'charge'", (org,)
-            ).fetchall()
-        }
-    return unfinished | stuck, completed, charged
+        expected = _expected_work(conn, org)
+    return unfinished | stuck, expected
+
+
+def _expected_work(conn: psycopg.Connection[dict[str, Any]], org: str) -> list[tuple[str, str]]:
+    """The provider work every completed run's done steps stand for: (provider, key). The
+    approval's Slack post is keyed by its approval id; a send skipped for consent did none."""
+    rows = conn.execute(
+        """SELECT st.run_id, st.step_id, st.output FROM steps st
+           JOIN runs r ON r.org_id = st.org_id AND r.run_id = st.run_id
+           WHERE r.org_id = %s AND r.status = 'completed' AND st.status = 'done'
+             AND st.step_id = ANY(%s)""",
+        (org, [*scenario.EFFECT_STEPS, "approve"]),
+    ).fetchall()
+    expected: list[tuple[str, str]] = []
+    for r in rows:
+        output = r["output"] or {}
+        if r["step_id"] == "approve":
+            if output.get("approval_id"):
+                expected.append(("slack", str(output["approval_id"])))
+        elif r["step_id"] != "send" or output.get("sent"):
+            key = f"{r['run_id']}/{r['step_id']}/1"
+            expected.append((scenario.EFFECT_STEPS[r["step_id"]], key))
+    return expected
+
+
+def _people_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: Report) -> None:
+    """The decisions and the replies, and whether every step followed what people said."""
+    requests = conn.execute(
+        """SELECT a.approval_id, a.status, (r.input->>'i')::int AS i FROM approvals a
+           JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id WHERE a.org_id = %s""",
+        (org,),
+    ).fetchall()
+    report.approval_requests = len(requests)
+    report.approved = sum(1 for a in requests if a["status"] == "approved")
+    report.rejected = sum(1 for a in requests if a["status"] == "rejected")
+    report.decisions = report.approved + report.rejected
+    report.races = sum(
+        1
+        for a in requests
+        if a["status"] in ("approved", "rejected") and scenario.decision(a["i"]).race
+    )
+    steps = conn.execute(
+        """SELECT st.output->>'decision' AS took, st.output->>'via' AS via, a.status
+           FROM steps st
+           LEFT JOIN approvals a ON a.org_id = st.org_id
+                                AND a.approval_id = st.output->>'approval_id'
+           WHERE st.org_id = %s AND st.step_id = 'approve' AND st.status = 'done'""",
+        (org,),
+    ).fetchall()
+    report.decided_by_default = sum(1 for st in steps if st["via"] == "default")
+    report.decisions_astray = sum(
+        1
+        for st in steps
+        if (st["status"] != "expired" if st["via"] == "default" else st["status"] != st["took"])
+    )
+    signals = conn.execute(
+        """SELECT signal_id, run_id, seq, status FROM signals WHERE org_id = %s""", (org,)
+    ).fetchall()
+    report.signals = dict(
+        Counter(
+            "unrouted" if s["run_id"] is None and s["status"] == "pending" else s["status"]
+            for s in signals
+        )
+    )
+    report.replies_consumed = report.signals.get("consumed", 0)
+    report.replies_late = report.signals.get("late", 0)
+    consumed = {
+        (s["run_id"], s["seq"]): s["signal_id"] for s in signals if s["status"] == "consumed"
+    }
+    took = {
+        (w["run_id"], w["seq"]): w["took"]
+        for w in conn.execute(
+            """SELECT run_id, seq, output->>'signal_id' AS took FROM steps
+               WHERE org_id = %s AND step_id = 'wait_reply' AND status = 'done'""",
+            (org,),
+        ).fetchall()
+    }
+    report.signals_astray = sum(
+        1 for entry in set(consumed) | set(took) if consumed.get(entry) != took.get(entry)
+    )
+    report.outcomes = {
+        r["step_id"]: r["n"]
+        for r in conn.execute(
+            """SELECT step_id, count(*) AS n FROM steps
+               WHERE org_id = %s AND status = 'done' AND step_id = ANY(%s) GROUP BY step_id""",
+            (org, [*scenario.OUTCOME_STEPS.values(), "not_sent"]),
+        ).fetchall()
+    }
 
 
 def _clock_figures(conn: psycopg.Connection[dict[str, Any]], report: Report) -> None:
@@ -388,11 +578,12 @@ def _clock_figures(conn: psycopg.Connection[dict[str, Any]], report: Report) -> 
 
 
 def _ledger_figures(
-    entries: list[dict[str, Any]], report: Report, completed: list[str], charged: set[str]
+    entries: list[dict[str, Any]], report: Report, expected: list[tuple[str, str]]
 ) -> None:
     per_provider = Counter(e["provider"] for e in entries)
     report.ledger = dict(per_provider)
-    calls: dict[str, Counter[str]] = {p: Counter() for p in ("email", "crm", "model", "payment")}
+    providers = ("email", "crm", "model", "payment", "slack")
+    calls: dict[str, Counter[str]] = {p: Counter() for p in providers}
     crm_creates: Counter[str] = Counter()
     for e in entries:
         key = e.get("idempotency_key") or ""
@@ -408,14 +599,263 @@ def _ledger_figures(
     report.payment_duplicates = extra(calls["payment"])
     report.model_repeats = extra(calls["model"])
     report.crm_repeat_upserts = extra(calls["crm"])
-    missing = 0
-    for run_id in completed:
-        for step_id, provider in scenario.EFFECT_STEPS.items():
-            if step_id == "charge" and run_id not in charged:
+    report.slack_posts = per_provider.get("slack", 0)
+    report.slack_reposts = extra(calls["slack"])
+    report.missing_effects = sum(1 for provider, key in expected if calls[provider][key] == 0)
+
+
+# -- the people ----------------------------------------------------------------------------------
+
+# Pending requests whose Slack message is posted (the ts is recorded right after the post).
+_PENDING_APPROVALS = """
+SELECT a.approval_id, a.message_ts, (r.input->>'i')::int AS i
+FROM approvals a JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
+WHERE a.org_id = %s AND a.status = 'pending' AND a.message_ts IS NOT NULL
+"""
+
+# Unfinished runs whose email went out (its effect settled: the message id is known), and
+# where their wait for the reply is.
+_SENT_EMAILS = """
+SELECT r.run_id, (r.input->>'i')::int AS i, e.result->>'id' AS message_id,
+       w.status AS wait_status
+FROM effects e
+JOIN runs r ON r.org_id = e.org_id AND r.run_id = e.run_id
+LEFT JOIN steps w ON w.org_id = r.org_id AND w.run_id = r.run_id AND w.step_id = 'wait_reply'
+WHERE e.org_id = %s AND e.provider = 'email' AND e.status = 'settled'
+  AND r.finished_at IS NULL
+"""
+
+_NOT_YET_WOKEN = (None, "ready", "running", "waiting")
+
+
+@dataclass
+class _Answer:
+    answered: bool  # the engine answered (not lost, not a 5xx)
+    yes: bool = False  # this click decided / this delivery was stored
+
+
+class _People:
+    """Sam, Alex and Maya, acting through the sandbox while the runs flow (a thread, with a few
+    more for the HTTP calls, each of which can wait seconds for a killed API).
+
+    Every ``poll_s`` it reads the pending approval requests whose message is posted and the
+    unfinished runs whose email went out, and hands each one it has not finished with to the
+    pool: a click (``scenario.decision``), or a reply (``scenario.reply``) once the step waits
+    (at once, for an early one). A click or a delivery that got no answer is tried again
+    ``retry_s`` later, as long as the request is still pending or the step still waits."""
+
+    def __init__(self, url: str, org: str, sandbox_url: str, *, poll_s: float = 0.2) -> None:
+        self.url, self.org, self.sandbox_url, self.poll_s = url, org, sandbox_url, poll_s
+        self.retry_s = 0.5
+        self.counts: Counter[str] = Counter()
+        self.answers: Counter[str] = Counter()  # what the inbound-email intake answered
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()
+        self._finished: set[str] = set()
+        self._tried: set[str] = set()
+        self._tried_once: set[str] = set()  # replies counted once, however often delivered
+        self._retry_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._local = threading.local()
+        self._admins: list[SandboxAdmin] = []
+        self._conn: psycopg.Connection[dict[str, Any]] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="chaos-people")
+        self._thread = threading.Thread(target=self._loop, name="chaos-people", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for admin in self._admins:
+            admin.close()
+        if self._conn is not None:
+            self._conn.close()
+
+    def fill(self, report: Report) -> None:
+        with self._lock:
+            c = Counter(self.counts)
+            report.reply_answers = dict(self.answers)
+            report.people_errors = list(self.errors)
+            undelivered = {k for k in self._tried - self._finished if k.startswith("r:")}
+        report.clicks = c["clicks"]
+        report.clicks_decided = c["clicks_decided"]
+        report.clicks_read_back = c["clicks_read_back"]
+        report.clicks_lost = c["clicks_lost"]
+        report.clicks_refused_otherwise = c["clicks_refused_otherwise"]
+        report.replays = c["replays"]
+        report.replays_decided = c["replays_decided"]
+        report.race_answers_both_yes = c["race_both_yes"]
+        report.replies_sent = {
+            k: c[f"sent_{k}"] for k in ("reply", "unsubscribe", "early") if c[f"sent_{k}"]
+        }
+        report.silent_runs = c["silent"]
+        report.deliveries_lost = c["deliveries_lost"]
+        report.deliveries_refused_otherwise = c["deliveries_refused_otherwise"]
+        report.replies_undelivered = len(undelivered)
+
+    def progress(self) -> str:
+        with self._lock:
+            return (
+                f"clicks {self.counts['clicks']} ({self.counts['clicks_lost']} lost), replies "
+                f"{self.counts['replies']} ({self.counts['deliveries_lost']} deliveries lost)"
+            )
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self._poll()
+            except psycopg.Error:
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+
+    def _poll(self) -> None:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+        conn = self._conn
+        for row in conn.execute(_PENDING_APPROVALS, (self.org,)).fetchall():
+            self._submit(f"a:{row['approval_id']}", self._decide, row)
+        for row in conn.execute(_SENT_EMAILS, (self.org,)).fetchall():
+            plan = scenario.reply(row["i"])
+            key = f"r:{row['run_id']}"
+            if plan.kind is None or not row["message_id"]:
+                if plan.kind is None:
+                    self._mark_silent(key)
                 continue
-            if calls[provider][f"{run_id}/{step_id}/1"] == 0:
-                missing += 1
-    report.missing_effects = missing
+            waits = row["wait_status"] == "waiting" or (
+                plan.early and row["wait_status"] in _NOT_YET_WOKEN
+            )
+            if waits:
+                self._submit(key, self._reply, row)
+
+    def _mark_silent(self, key: str) -> None:
+        with self._lock:
+            if key not in self._finished:
+                self._finished.add(key)
+                self.counts["silent"] += 1
+
+    def _submit(self, key: str, act: Callable[[dict[str, Any]], bool], row: dict[str, Any]) -> None:
+        with self._lock:
+            if key in self._busy or key in self._finished:
+                return
+            if self._retry_at.get(key, 0.0) > time.monotonic():
+                return
+            self._busy.add(key)
+            self._tried.add(key)
+        self._pool.submit(self._guarded, key, act, row)
+
+    def _guarded(
+        self, key: str, act: Callable[[dict[str, Any]], bool], row: dict[str, Any]
+    ) -> None:
+        done = False
+        try:
+            done = act(row)
+        except Exception as exc:  # an admin call the sandbox refused: ours, not the engine's
+            with self._lock:
+                self.errors.append(f"{key}: {type(exc).__name__}: {exc}"[:300])
+        finally:
+            with self._lock:
+                self._busy.discard(key)
+                if done:
+                    self._finished.add(key)
+                else:
+                    self._retry_at[key] = time.monotonic() + self.retry_s
+
+    def _admin(self) -> SandboxAdmin:
+        admin: SandboxAdmin | None = getattr(self._local, "admin", None)
+        if admin is None:
+            admin = SandboxAdmin(self.sandbox_url, timeout=30.0)
+            self._local.admin = admin
+            with self._lock:
+                self._admins.append(admin)
+        return admin
+
+    # -- Sam and Alex --------------------------------------------------------------------------
+    def _click(self, ts: str, action: str, user: str, **knobs: Any) -> _Answer:
+        got = self._admin().click(ts, action, user, **knobs)
+        status, body = got.get("status"), got.get("body")
+        with self._lock:
+            self.counts["clicks"] += 1
+            if status is None or status >= 500:
+                self.counts["clicks_lost"] += 1
+                return _Answer(answered=False)
+            if status == 200 and isinstance(body, dict):
+                yes = bool(body.get("ok"))
+                self.counts["clicks_decided" if yes else "clicks_read_back"] += 1
+                return _Answer(answered=True, yes=yes)
+            self.counts["clicks_refused_otherwise"] += 1
+            self.errors.append(f"click {ts} {action} by {user}: {status} {body}"[:300])
+            return _Answer(answered=True)
+
+    def _decide(self, row: dict[str, Any]) -> bool:
+        """Click in the request's message; True once the engine answered a click."""
+        plan = scenario.decision(row["i"])
+        ts = row["message_ts"]
+        if plan.race:  # both at the same moment: exactly one decision may stand
+            other: list[_Answer] = []
+            alex = threading.Thread(
+                target=lambda: other.append(self._click(ts, plan.other, scenario.ALEX))
+            )
+            alex.start()
+            answers = [self._click(ts, plan.action, scenario.SAM)]
+            alex.join()
+            answers += other
+            if sum(a.yes for a in answers) > 1:
+                with self._lock:
+                    self.counts["race_both_yes"] += 1
+        else:
+            answers = [self._click(ts, plan.action, scenario.SAM)]
+        if not any(a.answered for a in answers):
+            return False  # the request is clicked again while it is pending
+        if plan.replay:  # Slack retries the click, then the last click is resent as it was
+            for knobs in ({"retry_num": 1}, {"replay": True}):
+                again = self._click(ts, plan.action, scenario.SAM, **knobs)
+                with self._lock:
+                    self.counts["replays"] += 1
+                    self.counts["replays_decided"] += int(again.yes)
+        return True
+
+    # -- Maya ----------------------------------------------------------------------------------
+    def _reply(self, row: dict[str, Any]) -> bool:
+        """Answer the run's email (delivered twice by the provider); True once the engine
+        answered a delivery."""
+        plan = scenario.reply(row["i"])
+        assert plan.kind is not None
+        got = self._admin().reply(
+            row["message_id"],
+            plan.text,
+            event_id=f"chaos-{plan.kind}-{row['run_id']}",
+            deliveries=2,
+            kind=plan.kind,
+        )
+        answered = False
+        with self._lock:
+            if f"r:{row['run_id']}" not in self._tried_once:
+                self._tried_once.add(f"r:{row['run_id']}")
+                self.counts["replies"] += 1
+                self.counts[f"sent_{plan.kind}"] += 1
+                self.counts["sent_early"] += int(plan.early)
+            for delivery in got.get("deliveries") or []:
+                status, body = delivery.get("status"), delivery.get("body")
+                if status is None or status >= 500:
+                    self.counts["deliveries_lost"] += 1
+                    continue
+                answered = True
+                if status in (200, 202) and isinstance(body, dict):
+                    shown = "duplicate" if body.get("duplicate") else str(body.get("status"))
+                    self.answers[shown] += 1
+                elif status == 409:
+                    self.answers["refused"] += 1
+                else:
+                    self.counts["deliveries_refused_otherwise"] += 1
+                    self.errors.append(f"reply {row['run_id']}: {status} {body}"[:300])
+        return answered
 
 
 # -- the runner ----------------------------------------------------------------------------------
@@ -441,8 +881,11 @@ class _Chaos:
         skew_clock: bool,
         duplicate_wakes: bool,
         knobs: dict[str, dict[str, Any]],
+        api_port: int,
     ) -> None:
         self.settings, self.url, self.admin_url = settings, url, admin_url
+        self.api_port = api_port
+        self.people = _People(url, settings.org_id, sandbox.url)
         self.sandbox, self.report, self.out, self.rng = sandbox, report, out, rng
         self.runs, self.kills_per_point, self.workers = runs, kills_per_point, workers
         self.log_dir, self.time_limit, self.knobs = log_dir, time_limit, knobs
@@ -456,7 +899,7 @@ class _Chaos:
         self.retired: list[Proc] = []
         self.generation = 0
         self.t0 = time.monotonic()
-        self.queues: dict[str, list[Spec]] = {"worker": [], "leader": [], "starter": []}
+        self.queues: dict[str, list[Spec]] = {"worker": [], "leader": [], "starter": [], "api": []}
         self.specs_total = 0
         self.specs_done = 0
         self.worker_points: set[str] = set()
@@ -518,6 +961,8 @@ class _Chaos:
             return "starter"
         if point in LEADER_POINTS:
             return "leader"
+        if point in API_POINTS:
+            return "api"
         return "worker"
 
     def _armed_specs(self, exclude: Proc | None = None) -> list[Spec]:
@@ -564,10 +1009,58 @@ class _Chaos:
         self.report.processes += 1
         return proc
 
+    def _spawn_api(self) -> Proc:
+        """The engine API: a new ``onward api`` on the run's port, armed through
+        ``ONWARD_CRASH_AT`` with the next kill of its queue. No warm spare: one process at a
+        time holds the port, and the sandbox's Slack app and inbound webhook point at it."""
+        self.generation += 1
+        name = f"api0-{self.generation}"
+        queue = self.queues["api"]
+        specs = [queue.pop(0)] if queue else []
+        for spec in specs:
+            spec.tries += 1
+        env = process_env(
+            crash_at=",".join(x.arm for x in specs) or None,
+            extra={
+                "ONWARD_DATABASE_URL": with_query(
+                    self.url, application_name=self.app_prefix + name
+                ),
+                "ONWARD_QUEUE": self.settings.queue,
+                "ONWARD_QUEUE_PREFIX": self.settings.queue_prefix,
+                "ONWARD_REDIS_URL": self.settings.redis_url,
+                "ONWARD_ORG": self.settings.org_id,
+                "ONWARD_LOG_LEVEL": "warning",
+                "ONWARD_SHUTDOWN_GRACE_SECONDS": "1",
+            },
+        )
+        argv = [sys.executable, "-m", "onward.cli", "api", "--host", "127.0.0.1"]
+        proc = Proc.start(
+            [*argv, "--port", str(self.api_port)],
+            name=name,
+            log_path=self.log_dir / f"p{self.generation:04d}-api.log",
+            env=env,
+            role="api",
+            slot=0,
+            specs=specs,
+            spawned_at=time.monotonic(),
+        )
+        self.report.processes += 1
+        self.procs[("api", 0)] = proc
+        return proc
+
+    def _api_answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.api_port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
     def spawn(self, role: str, slot: int) -> Proc:
         """Put a process to work in a slot: the warm spare if there is one, armed with the
         next kill of the schedule; a new spare is started behind it (once the first processes
         are up: two CPUs importing ten interpreters at once help nobody)."""
+        if role == "api":
+            return self._spawn_api()
         proc = self.spares.pop(role, None)
         if proc is None or not proc.alive():
             if proc is not None:
@@ -678,6 +1171,10 @@ class _Chaos:
                 proc.ready_at = proc.ready_at or time.monotonic()
 
     def _check_ready(self, proc: Proc) -> None:
+        if proc.role == "api":
+            if proc.ready_at is None and self._api_answers():
+                proc.ready_at = time.monotonic()
+            return
         if proc.ready_at is None:
             proc.read_new()
             if "\nready " in "\n" + proc.text:
@@ -775,7 +1272,7 @@ class _Chaos:
                     proc.popen.send_signal(signal.SIGTERM)
                     proc.term_at = now
             elif self._armed(proc) and proc.ready_at is not None:
-                limit = 20.0 if proc.role == "leader" else 12.0
+                limit = 20.0 if proc.role in ("leader", "api") else 12.0
                 if now - proc.ready_at > limit:
                     proc.popen.send_signal(signal.SIGTERM)  # give up on this kill for now
                     proc.term_at = now
@@ -844,12 +1341,13 @@ class _Chaos:
         if not force and now - self._last_progress < 5.0:
             return
         self._last_progress = now
-        alive = sum(1 for p in self.procs.values() if p.role != "starter" and p.alive())
+        alive = sum(1 for p in self.procs.values() if p.role in ("worker", "leader") and p.alive())
         self.out(
             f"[chaos {now:6.1f}s] runs started {self.started_db}/{self.runs}, finished or parked "
             f"{self.finished}; kills {self.report.total_kills} + "
             f"{self.report.external_kills} at random moments; schedule "
-            f"{self.specs_total - self.specs_left()}/{self.specs_total}; workers alive {alive}"
+            f"{self.specs_total - self.specs_left()}/{self.specs_total}; workers alive {alive}; "
+            + self.people.progress()
         )
 
     def run(self) -> None:
@@ -858,10 +1356,12 @@ class _Chaos:
             self.killer = BackendKiller(
                 self.admin_url, self.app_prefix, interval=1.0, seed=self.rng.randint(0, 1 << 30)
             ).start()
+        self.spawn("api", 0)
         self.spawn("leader", 0)
         for slot in range(self.workers):
             self.spawn("worker", slot)
         self.spawn("starter", 0)
+        self.people.start()
         deadline = self.t0 + self.time_limit
         moved_at, last_finished = time.monotonic(), -1
         try:
@@ -893,9 +1393,10 @@ class _Chaos:
                 time.sleep(0.1)
         finally:
             self._stop_killer()
+            self.people.stop()
         self.say_progress(force=True)
         if self.report.timed_out:  # where is every worker waiting? (printed into its log)
-            asked = [p for p in self.procs.values() if p.role != "starter" and p.alive()]
+            asked = [p for p in self.procs.values() if p.role in ("worker", "leader") and p.alive()]
             for p in asked:
                 with contextlib.suppress(ProcessLookupError):
                     p.popen.send_signal(signal.SIGUSR1)
@@ -951,13 +1452,32 @@ class _Chaos:
             self.monitor.close()
 
 
-async def _setup(settings: Settings, sandbox_url: str) -> None:
+async def _setup(settings: Settings, sandbox_url: str, signing_secret: str) -> None:
     async with Engine.open(settings, migrate=False, start_queue=False, pool_size=2) as engine:
         await engine.publish(scenario.document())
         await publish(
             engine.pool, scenario.CLOCK_ORG, scenario.clock_document(), registry=engine.registry
         )
-        await scenario.add_connections(engine.integrations, settings.org_id, sandbox_url)
+        await scenario.add_connections(
+            engine.integrations, settings.org_id, sandbox_url, signing_secret=signing_secret
+        )
+        for approver in scenario.APPROVERS:
+            await engine.grant_approver(approver, automation_id=scenario.AUTOMATION)
+
+
+def api_port(rng: random.Random) -> int:
+    """A free port below the kernel's ephemeral range (32768 and up), so that no outgoing
+    connection takes it while the API is down: every restart listens on the same URL."""
+    for _ in range(100):
+        port = rng.randint(20000, 32000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000 for the engine API")
 
 
 async def _doctor(settings: Settings) -> list[dict[str, Any]]:
@@ -1004,7 +1524,7 @@ def run_chaos(
     rng = random.Random(seed)
     admin_url = resolve_url(settings)
     n_points = len(POINTS) - len(UNREACHABLE)
-    limit = time_limit or 120.0 + 0.4 * runs + 6.0 * n_points * kills_per_point
+    limit = time_limit or 120.0 + 0.8 * runs + 6.0 * n_points * kills_per_point
     report = Report(runs=runs, queue=settings.queue, workers=workers, time_limit_s=limit)
     own_logs = log_dir is None
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="onward-chaos-"))
@@ -1023,7 +1543,10 @@ def run_chaos(
         )
         knobs = scenario.fault_knobs(seed, light=provider_faults)
         scenario.configure_faults(sandbox.admin, knobs)
-        asyncio.run(_setup(chaos_settings, sandbox.url))
+        port = api_port(rng)
+        signing_secret = secrets.token_hex(16)
+        scenario.connect_people(sandbox.admin, f"http://127.0.0.1:{port}", signing_secret)
+        asyncio.run(_setup(chaos_settings, sandbox.url, signing_secret))
         chaos = _Chaos(
             chaos_settings,
             url,
@@ -1041,6 +1564,7 @@ def run_chaos(
             skew_clock=skew_clock,
             duplicate_wakes=duplicate_wakes,
             knobs=knobs,
+            api_port=port,
         )
         try:
             chaos.run()
@@ -1052,10 +1576,11 @@ def run_chaos(
         finally:
             chaos.stop_all()
             _clean_redis(chaos_settings)
-        lost, completed, charged = _db_figures(url, chaos_settings.org_id, report)
+        chaos.people.fill(report)
+        lost, expected = _db_figures(url, chaos_settings.org_id, report)
         report.lost = len(lost) + max(0, runs - report.started)
         report.lost_runs = sorted(lost)[:20]
-        _ledger_figures(sandbox.admin.ledger(), report, completed, charged)
+        _ledger_figures(sandbox.admin.ledger(), report, expected)
     report.elapsed_s = chaos.elapsed()
     if keep_logs or not own_logs or not report.ok or report.unexpected_exits:
         report.log_dir = str(logs)

@@ -1,19 +1,33 @@
-"""The reference scenario as the chaos runner drives it: Maya's follow-up, with what exists.
+"""The reference scenario as the chaos runner drives it: Maya's follow-up, people included.
 
-    wait (wait_for 1s) -> draft (model.generate) -> crm (crm.upsert) -> send (email.send)
-        -> pay? (branch on input.charge) -> charge (payment.charge) -> done (set)
-                                         \\-> done
+    wait (wait_for 1s) -> draft (model.generate) -> crm (crm.upsert)
+        -> approve (approval: Sam or Alex in Slack, 60 s, then the default: approve)
+        -> approved? --yes--> send (email.send) -> wait_reply (wait_signal reply|unsubscribe, 4 s)
+                    |            -> replied? -> thank | unsubscribed | no_reply
+                    |            -> pay? (input.charge) -> charge (payment.charge) -> done (set)
+                    \\--no---> not_sent -> done
 
 Every outside effect goes to the sandbox over real HTTP through a registered connection, so the
 sandbox ledger is the record of the work the providers really did. One run in
 ``CHARGE_EVERY`` also charges a card at the payment provider, which offers neither an
 idempotency key nor a search: an uncertain charge must park for a person, never repeat.
 
+The people are played by the runner against the sandbox (:func:`decision`, :func:`reply`):
+Sam clicks Approve (Reject on one run in ten) in the Slack message the approval posted, the
+click signed by the sandbox as Slack signs it and sent to the engine API's interactivity URL;
+on one run in four Alex clicks at the same moment (the other button, half of those times);
+on one run in six the click is then retried by Slack and replayed byte for byte. Maya answers
+the email through the sandbox, which delivers every reply twice to the engine's inbound-email
+webhook: a reply on most runs, an unsubscribe on one in eight, nothing on one in eight (the
+4 s deadline decides), and on one in eight she answers as soon as the email went out, before
+the step waits for her.
+
 Each run is started by a webhook-like event id (``evt-<i>``), delivered twice.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,11 +39,22 @@ AUTOMATION = "chaos-follow-up"
 ACCOUNT = "acct_chaos"
 CHARGE_EVERY = 5  # one run in five charges a card
 
-# connection id -> provider
+# The Slack workspace of the approvals, its connection, and the people who may decide.
+SLACK_WORKSPACE = "T_CHAOS"
+SLACK_CONNECTION = "slack"
+SLACK_CHANNEL = "#chaos-approvals"
+SAM, ALEX = "U_SAM", "U_ALEX"
+APPROVERS = (SAM, ALEX)
+APPROVAL_DEADLINE = "60s"  # long enough that a person decides first; then the default approves
+REPLY_DEADLINE = "4s"  # short: some replies lose the race to it, and are recorded late
+
+# connection id -> provider (the Slack connection is added with its signing secret)
 CONNECTIONS = {"model": "model", "crm": "crm", "mailbox": "email", "payments": "payment"}
-# the effect steps of the scenario -> their provider
+# the effect steps of the scenario -> their provider (the approval's post is keyed by its id)
 EFFECT_STEPS = {"draft": "model", "crm": "crm", "send": "email", "charge": "payment"}
 IDEMPOTENT_PROVIDERS = ("email", "crm")  # a repeat is harmless: duplicates must be 0
+# what the step after ``wait_reply`` records, by the signal that woke it (None: the deadline)
+OUTCOME_STEPS = {"reply": "thank", "unsubscribe": "unsubscribed", None: "no_reply"}
 
 # Generous attempts: every kill of a claimed step costs one attempt (the claim is the fence).
 RETRY = {"max_attempts": 40, "base": 0.2, "cap": 2.0}
@@ -46,6 +71,40 @@ def payload(i: int) -> dict[str, Any]:
         "contact": f"contact-{i}",
         "charge": i % CHARGE_EVERY == 0,
     }
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the approvers of run ``i`` do once its Slack message is posted."""
+
+    action: str  # Sam's button: "approve" or "reject"
+    race: bool  # Alex clicks at the same moment: exactly one decision may stand
+    other: str  # Alex's button in a race (the other one, half of the time)
+    replay: bool  # then Slack retries the click, and the last click is resent byte for byte
+
+
+def decision(i: int) -> Decision:
+    action = "reject" if i % 10 == 7 else "approve"
+    race = i % 4 == 1
+    other = ("reject" if action == "approve" else "approve") if i % 8 == 1 else action
+    return Decision(action=action, race=race, other=other, replay=i % 6 == 2)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What Maya does with the email of run ``i``."""
+
+    kind: str | None  # "reply", "unsubscribe", or None: silence (the deadline decides)
+    early: bool  # she answers as soon as the email went out, before the step waits
+    text: str
+
+
+def reply(i: int) -> Reply:
+    r = i % 8
+    if r == 5:
+        return Reply(kind=None, early=False, text="")
+    kind = "unsubscribe" if r == 3 else "reply"
+    return Reply(kind=kind, early=r == 6, text=f"Thursday works for me ({i}).")
 
 
 def charges(runs: int) -> int:
@@ -78,7 +137,12 @@ def clock_document() -> dict[str, Any]:
     return flow.build()
 
 
-def document(wait: str = "1s") -> dict[str, Any]:
+def document(
+    wait: str = "1s",
+    *,
+    approval_deadline: str = APPROVAL_DEADLINE,
+    reply_deadline: str = REPLY_DEADLINE,
+) -> dict[str, Any]:
     flow = (
         Automation(AUTOMATION, name="Maya's follow-up (chaos)")
         .step("wait", "wait_for", duration=wait)
@@ -97,6 +161,18 @@ def document(wait: str = "1s") -> dict[str, Any]:
             fields={"email": "{input.email}", "stage": "contacted"},
         )
         .step(
+            "approve",
+            "approval",
+            connection=SLACK_CONNECTION,
+            channel=SLACK_CHANNEL,
+            approvers=list(APPROVERS),
+            text="Send the follow-up to {input.email} ({input.contact})?",
+            deadline=approval_deadline,
+            on_deadline="default",
+            default="approve",
+        )
+        .branch("approved", cases=[("steps.approve.approved", "send")], default="not_sent")
+        .step(
             "send",
             "email.send",
             connection="mailbox",
@@ -104,6 +180,20 @@ def document(wait: str = "1s") -> dict[str, Any]:
             subject="Following up",
             body="Hello {input.email}, thanks for your message.",
         )
+        .step(
+            "wait_reply", "wait_signal", signals=["reply", "unsubscribe"], deadline=reply_deadline
+        )
+        .branch(
+            "replied",
+            cases=[
+                ("steps.wait_reply.signal == 'reply'", OUTCOME_STEPS["reply"]),
+                ("steps.wait_reply.signal == 'unsubscribe'", OUTCOME_STEPS["unsubscribe"]),
+            ],
+            default=OUTCOME_STEPS[None],
+        )
+        .step("thank", "set", values={"outcome": "'replied'"}, next="pay")
+        .step("unsubscribed", "set", values={"outcome": "'unsubscribed'"}, next="pay")
+        .step("no_reply", "set", values={"outcome": "'no reply'"}, next="pay")
         .branch("pay", cases=[("input.charge == true", "charge")], default="done")
         .step(
             "charge",
@@ -115,6 +205,7 @@ def document(wait: str = "1s") -> dict[str, Any]:
             description="follow-up package",
             next="done",
         )
+        .step("not_sent", "set", values={"outcome": "'not approved'"}, next="done")
         .step("done", "set", values={"finished": "true"})
     )
     doc = flow.build()
@@ -123,8 +214,11 @@ def document(wait: str = "1s") -> dict[str, Any]:
     return doc
 
 
-async def add_connections(integrations: Integrations, org_id: str, sandbox_url: str) -> None:
-    """One connection per provider, all on the sandbox's chaos account."""
+async def add_connections(
+    integrations: Integrations, org_id: str, sandbox_url: str, *, signing_secret: str
+) -> None:
+    """One connection per provider, all on the sandbox's chaos account, and the Slack
+    connection on the chaos workspace with the secret its clicks are signed with."""
     for connection_id, provider in CONNECTIONS.items():
         await integrations.add_connection(
             org_id,
@@ -134,19 +228,40 @@ async def add_connections(integrations: Integrations, org_id: str, sandbox_url: 
             account=ACCOUNT,
             secret=ACCOUNT,  # the sandbox's bearer token names the account
         )
+    await integrations.add_connection(
+        org_id,
+        SLACK_CONNECTION,
+        provider="slack",
+        base_url=sandbox_url,
+        account=SLACK_WORKSPACE,
+        secret=SLACK_WORKSPACE,
+        signing_secret=signing_secret,
+    )
+
+
+def connect_people(admin: SandboxAdmin, api_url: str, signing_secret: str) -> None:
+    """Point the sandbox's Slack app (clicks) and the mailbox's inbound webhook (replies) at
+    the engine API (after :func:`configure_faults`, which resets the sandbox)."""
+    admin.slack_app(
+        SLACK_WORKSPACE,
+        f"{api_url}/v1/slack/{SLACK_CONNECTION}/interactivity",
+        signing_secret,
+    )
+    admin.email_inbound(ACCOUNT, f"{api_url}/v1/inbound/email")
 
 
 def fault_knobs(seed: int, *, light: bool = True) -> dict[str, dict[str, Any]]:
     """A little of every provider failure the design names, on top of the kills.
 
     5xx and 429 are answers ("not done"): the attempt is withdrawn and retried. A dropped
-    connection after the work is an unknown outcome: reconciled (email, CRM) or parked for a
-    person (payment). The model gets no dropped responses: it has neither idempotency nor
-    search, so an unknown generation parks too, and the kills already exercise that."""
+    connection after the work is an unknown outcome: reconciled (email, CRM), repeated (a
+    Slack approval message: its buttons decide once) or parked for a person (payment). The
+    model gets no dropped responses: it has neither idempotency nor search, so an unknown
+    generation parks too, and the kills already exercise that."""
     if not light:
         return {}
     knobs: dict[str, dict[str, Any]] = {}
-    for n, provider in enumerate(("email", "crm", "model", "payment")):
+    for n, provider in enumerate(("email", "crm", "model", "payment", "slack")):
         k: dict[str, Any] = {
             "error_rate": 0.02,
             "rate_limit_rate": 0.01,

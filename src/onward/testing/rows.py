@@ -20,6 +20,12 @@ Row = dict[str, Any]
 # Runs in these states need nobody but a person (parked) or nothing at all.
 SETTLED = (*sorted(TERMINAL), "parked")
 
+#: People's answers applied twice (R9, R10): a request's decision waking its step twice, two
+#: decisions waking one step entry with no new request between them; a signal consumed twice,
+#: one step entry taking two signals.
+DECISION_CHECKS = ("approval_decided_twice", "step_decided_twice")
+SIGNAL_CHECKS = ("signal_consumed_twice", "step_took_two_signals")
+
 #: The "applied twice" checks: name -> query. Every count must be 0.
 DOUBLE_CHECKS = (
     "claim_or_wait_twice",
@@ -28,7 +34,60 @@ DOUBLE_CHECKS = (
     "run_completed_twice",
     "settled_by_a_stale_attempt",
     "steps_done_per_seq",
+    "woken_twice_per_wait",
+    *DECISION_CHECKS,
+    *SIGNAL_CHECKS,
 )
+
+# The queries of the checks added with signals and approvals (the others are in rows.sql).
+_PEOPLE_QUERIES = {
+    # a waiting step woken twice: by two of its timer (not a retry's), a signal, a decision,
+    # with no new wait between them -- e.g. by a person and by the deadline both
+    "woken_twice_per_wait": """
+        SELECT count(*) AS n FROM (
+            SELECT h.event, lag(h.event) OVER (
+                       PARTITION BY h.org_id, h.run_id, h.seq ORDER BY h.event_id) AS before
+            FROM history h
+            LEFT JOIN timers t ON h.event = 'timer_fired' AND t.org_id = h.org_id
+                              AND t.timer_id = (h.detail->>'timer_id')::bigint
+            WHERE (%(org)s::text IS NULL OR h.org_id = %(org)s) AND h.seq IS NOT NULL
+              AND (h.event IN ('step_waiting', 'signal_consumed', 'approval_decided')
+                   OR (h.event = 'timer_fired' AND t.purpose IS DISTINCT FROM 'retry'))
+        ) x
+        WHERE event <> 'step_waiting' AND before IS NOT NULL AND before <> 'step_waiting'""",
+    # one request's decision woke a step twice
+    "approval_decided_twice": """
+        SELECT count(*) AS n FROM (
+            SELECT org_id, detail->>'approval_id' FROM history
+            WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND event = 'approval_decided'
+            GROUP BY 1, 2 HAVING count(*) > 1) x""",
+    # two decisions woke one step entry with no new request (escalation, changed content)
+    # asked between them
+    "step_decided_twice": """
+        SELECT count(*) AS n FROM history d
+        WHERE (%(org)s::text IS NULL OR d.org_id = %(org)s) AND d.event = 'approval_decided'
+          AND EXISTS (
+              SELECT 1 FROM history e
+              WHERE e.org_id = d.org_id AND e.run_id = d.run_id AND e.seq = d.seq
+                AND e.event = 'approval_decided' AND e.event_id < d.event_id
+                AND NOT EXISTS (
+                    SELECT 1 FROM history r
+                    WHERE r.org_id = d.org_id AND r.run_id = d.run_id AND r.seq = d.seq
+                      AND r.event = 'approval_requested'
+                      AND r.event_id > e.event_id AND r.event_id < d.event_id))""",
+    # one signal consumed twice
+    "signal_consumed_twice": """
+        SELECT count(*) AS n FROM (
+            SELECT org_id, detail->>'signal_id' FROM history
+            WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND event = 'signal_consumed'
+            GROUP BY 1, 2 HAVING count(*) > 1) x""",
+    # one step entry woken by two signals
+    "step_took_two_signals": """
+        SELECT count(*) AS n FROM (
+            SELECT org_id, run_id, seq FROM history
+            WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND event = 'signal_consumed'
+            GROUP BY 1, 2, 3 HAVING count(*) > 1) x""",
+}
 
 
 def _all(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[Row]:
@@ -97,10 +156,12 @@ def double_transitions(conn: psycopg.Connection[Any], *, org: str | None = None)
 
     A claim, done, wait or timer firing twice for one attempt; a step done twice; a timer
     fired twice; a run completed twice; a step settled by a stale attempt (the fence failed);
-    two step rows at one position."""
+    two step rows at one position; a waiting step woken twice for one wait (say by a person
+    and by its deadline); a decision or a signal applied twice (:data:`DECISION_CHECKS`,
+    :data:`SIGNAL_CHECKS`)."""
     found: dict[str, int] = {}
     for name in DOUBLE_CHECKS:
-        row = _one(conn, getattr(Q, name), {"org": org})
+        row = _one(conn, _PEOPLE_QUERIES.get(name) or getattr(Q, name), {"org": org})
         n = int(row["n"]) if row else 0
         if n:
             found[name] = n
