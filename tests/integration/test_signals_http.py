@@ -268,11 +268,13 @@ async def test_an_unrouted_signal_is_kept_and_listed(
         "evt-u",
         "email:msg_nobody",
         None,
-        "pending",
+        "unrouted",  # listed as what it is: pending, with nobody to route it to
     )
     assert view["deliveries"] == 2
+    everything = await http.get("/v1/signals")
+    assert [s["signal_id"] for s in everything.json()] == ["evt-u"]
     (row,) = signal_rows(sql)
-    assert (row["run_id"], row["status"]) == (None, "pending")
+    assert (row["run_id"], row["status"]) == (None, "pending")  # kept, not settled
 
 
 # -- POST /v1/inbound/email, from the sandbox ---------------------------------------------------
