@@ -21,7 +21,7 @@ the deadline as its timer.
 * **Deadlines.** When the deadline timer fires first, the request expires and the step applies
   its policy: ``escalate`` (a new request to ``escalate_to``), ``default`` (decide
   ``default``), or ``stop`` (park the run for a person, visibly).
-* **Order.** A decision locks the run's row (``signals.lock_run``), then the request and its
+* **Order.** A decision takes the run's transition lock (``signals.lock_run``), then the request and its
   unfired deadline timer (``approvals.sql lock``); the settle that makes the step wait locks
   the run too and wakes the step at once if a decision came first (:func:`wake_if_decided`).
 """
@@ -220,7 +220,7 @@ async def expire(pool: Pool, org_id: str, approval_id: str, *, policy: str, work
 
 
 async def wake_if_decided(conn: Conn, org_id: str, run_id: str, seq: int, *, worker: str) -> bool:
-    """In the settle's transaction, with the run's row locked: a decision (or a superseding
+    """In the settle's transaction, with the run's transition lock held: a decision (or a superseding
     change) that came before the step began waiting wakes it now."""
     row = await (
         await conn.execute(Q.latest, {"org_id": org_id, "run_id": run_id, "seq": seq})

@@ -1,5 +1,5 @@
 -- Approvals (R10): requests for a decision, the first decision, the permission table, and the
--- secret that signs the buttons' tokens. A decision runs with the run's row locked (signals.py
+-- secret that signs the buttons' tokens. A decision runs with the run's transition lock held (signals.py
 -- lock_run), like a signal: it and the settle that makes the step wait are ordered.
 
 -- name: latest
@@ -61,7 +61,7 @@ FROM approvals a JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
 WHERE a.org_id = %(org_id)s AND a.approval_id = %(approval_id)s;
 
 -- name: lock
--- Lock a request for a decision (after the run's row), and the unfired deadline timer of its
+-- Lock a request for a decision (after the run's transition lock), and the unfired deadline timer of its
 -- wait (the timer's intent names the request): a fire holding the timer makes this wait, and
 -- then it is fired -- the deadline won; held, no fire can take the step (fire skips locked
 -- timers). A request whose step has not begun to wait yet has no timer: it may be decided

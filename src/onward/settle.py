@@ -121,7 +121,7 @@ class Settler:
 
     async def wait(self, token: Token, t: WaitTimer) -> bool:
         """The step waits (on a timer, on signals, on a person). A signal or approval wait is
-        one transaction with the run's row locked first, so a signal stored (a decision made)
+        one transaction with the run's transition lock taken first, so a signal stored (a decision made)
         before it is seen here and wakes the step at once, and one after it is applied by its
         own intake (``signals``, ``approvals``), which locks the run the same way."""
         async with self.pool.connection() as conn:

@@ -9,7 +9,7 @@
 * **Consumption.** A step that waits on signals (``wait_signal``) takes the oldest pending one
   it names. The claim (``status = 'pending'`` -> ``consumed``), the step's wake, the outbox row
   and the closing of its deadline timer commit in one statement (``signals.sql consume``).
-* **Order.** Intake and a step starting to wait both lock the run's row first
+* **Order.** Intake and a step starting to wait both take the run's transition lock first
   (``signals.sql lock_run``), so whichever comes second sees the other: a signal that came
   before its step waits is consumed by the settle that makes the step wait (:func:`consume`
   from :mod:`onward.settle`), one that comes after by its own intake.
@@ -194,7 +194,7 @@ async def _apply(conn: Conn, org_id: str, stored: dict[str, Any], worker: str) -
 async def consume(
     conn: Conn, org_id: str, run_id: str, *, worker: str, signal_id: str | None = None
 ) -> dict[str, Any] | None:
-    """In the caller's transaction, with the run's row locked: if a step of the run waits on
+    """In the caller's transaction, with the run's transition lock held: if a step of the run waits on
     signals and one it names is pending, consume the oldest and wake the step (closing its
     deadline as lost). Returns the consumed signal (``signal_id``, ``name``, ``seq``) or None.
     ``signal_id`` is only for the crash point's reporting."""
@@ -212,7 +212,8 @@ async def consume(
 
 
 async def lock_run(conn: Conn, org_id: str, run_id: str) -> None:
-    """Take the run's row lock (for a settle that makes a step wait on signals)."""
+    """Take the run's transition lock (an advisory lock keyed by the run) for the rest of the
+    transaction: intake, a decision and a settle that makes a step wait are ordered by it."""
     await conn.execute(Q.lock_run, {"org_id": org_id, "run_id": run_id})
 
 

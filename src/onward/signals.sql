@@ -1,7 +1,7 @@
 -- Signals (R9): stored once by their identity, routed by a correlation key, consumed by the
 -- step that waits on them in the transaction that wakes it. Every transition here runs with
--- the run's row locked (lock_run): a signal's intake and a step starting to wait are ordered,
--- so whichever comes second sees the other.
+-- the run's transition lock held (lock_run): a signal's intake and a step starting to wait are
+-- ordered, so whichever comes second sees the other.
 
 -- name: route
 -- The run a correlation key leads to (recorded when the answered thing was created).
@@ -32,11 +32,14 @@ RETURNING s.signal_id, s.name, s.run_id, s.status, s.reason, s.seq, s.deliveries
           s.correlation_key, (s.xmax = 0) AS created;
 
 -- name: lock_run
--- Take the run's row lock for the rest of the transaction: intake and a step that starts to
--- wait on signals are ordered by it. The next statement's snapshot sees what the other did.
-SELECT status, finished_at IS NOT NULL AS finished FROM runs
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s
-FOR UPDATE;
+-- Take the run's transition lock for the rest of the transaction (an advisory lock keyed by
+-- the run, not its row: a timer's fire updates the run's row while it holds its timer, and
+-- intake waits for that timer, so the row lock would deadlock the two). Intake, a decision and
+-- a step that starts to wait on signals or a person are ordered by it; the next statement's
+-- snapshot sees what the other did. Answers the run (none: no such run).
+SELECT pg_advisory_xact_lock(hashtextextended('onward.run:' || %(org_id)s || '/' || %(run_id)s, 0)),
+       status, finished_at IS NOT NULL AS finished
+FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
 
 -- name: lock_deadline
 -- Lock the deadline timer of the run's step that waits on signals, if it has not fired. A

@@ -36,7 +36,9 @@ class _Server(uvicorn.Server):
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (``port=0``: a free port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
+    # listening socket says TCP, and without it every answer waits ~40 ms (Nagle + delayed ACK)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

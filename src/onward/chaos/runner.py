@@ -230,7 +230,8 @@ class Report:
     replies_undelivered: int = 0  # every delivery lost until the step stopped waiting
     signals: dict[str, int] = field(default_factory=dict)  # by status at the end
     replies_consumed: int = 0
-    replies_late: int = 0
+    replies_late: int = 0  # the deadline came first: recorded late, or refused (run finished)
+    replies_refused: int = 0  # late, after the run (that went on without it) had finished
     double_consumed: int = 0  # SIGNAL_CHECKS
     signals_astray: int = 0  # consumed but not what its step took, or taken but not consumed
     outcomes: dict[str, int] = field(default_factory=dict)  # thank, unsubscribed, no_reply...
@@ -246,6 +247,12 @@ class Report:
         return sum(self.duplicates.values())
 
     @property
+    def early_before_wait(self) -> int:
+        """Replies stored before their step waited (kept pending, or unrouted until the send
+        recorded its key), then consumed by the settle that made it wait."""
+        return self.reply_answers.get("pending", 0) + self.reply_answers.get("unrouted", 0)
+
+    @property
     def total_kills(self) -> int:
         return sum(self.kills.values())
 
@@ -258,6 +265,7 @@ class Report:
         data.update(
             ok=self.ok,
             idempotent_duplicates=self.idempotent_duplicates,
+            early_before_wait=self.early_before_wait,
             total_kills=self.total_kills,
         )
         return data
@@ -293,9 +301,9 @@ class Report:
             f"repeated calls (harmless)    model generations {self.model_repeats}, "
             f"CRM upserts {self.crm_repeat_upserts}",
             f"completed runs missing work  {self.missing_effects}",
-            f"approvals                    {self.approval_requests} requests, decisions: "
+            f"approvals                    {self.approval_requests} requests; decisions: "
             f"{self.decisions} (approved {self.approved}, rejected {self.rejected}), double: "
-            f"{self.double_decisions}; by the deadline's default {self.decided_by_default}",
+            f"{self.double_decisions}; by the deadline's default: {self.decided_by_default}",
             f"                             {self.races} clicked by two approvers at once "
             f"({self.race_answers_both_yes} told both yes); steps not following their "
             f"decision {self.decisions_astray}",
@@ -305,17 +313,19 @@ class Report:
             f"{self.replays} Slack retries/replays ({self.replays_decided} decided)",
             f"slack messages               {self.slack_posts} posted ({self.slack_reposts} again "
             "after an unknown outcome: harmless, its buttons decide once)",
-            "replies                      sent "
-            + ", ".join(f"{k} {n}" for k, n in sorted(self.replies_sent.items()))
-            + f", silent runs {self.silent_runs}; consumed: {self.replies_consumed}, late: "
-            f"{self.replies_late}, double: {self.double_consumed}",
+            f"replies                      consumed: {self.replies_consumed}, late: "
+            f"{self.replies_late} ({self.replies_refused} refused: their run had finished), "
+            f"double: {self.double_consumed}; astray {self.signals_astray}",
+            "                             sent "
+            + ", ".join(f"{k} {n}" for k, n in sorted(self.replies_sent.items()) if k != "early")
+            + f" ({self.replies_sent.get('early', 0)} early: {self.early_before_wait} stored "
+            f"before the wait), silent runs {self.silent_runs}; {self.replies_undelivered} "
+            "never answered before the deadline",
             "                             intake answered "
             + ", ".join(f"{k} {n}" for k, n in sorted(self.reply_answers.items()))
             + f"; {self.deliveries_lost} lost (delivered again), "
-            f"{self.replies_undelivered} never answered before the deadline, "
             f"{self.deliveries_refused_otherwise} refused otherwise; signals "
-            + ", ".join(f"{k} {n}" for k, n in sorted(self.signals.items()))
-            + f"; astray {self.signals_astray}",
+            + ", ".join(f"{k} {n}" for k, n in sorted(self.signals.items())),
             "outcomes                     "
             + ", ".join(f"{k} {n}" for k, n in sorted(self.outcomes.items())),
             f"scheduled firings            {self.scheduled_firings}   (every "
@@ -531,7 +541,8 @@ def _people_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: 
         )
     )
     report.replies_consumed = report.signals.get("consumed", 0)
-    report.replies_late = report.signals.get("late", 0)
+    report.replies_refused = report.signals.get("refused", 0)
+    report.replies_late = report.signals.get("late", 0) + report.replies_refused
     consumed = {
         (s["run_id"], s["seq"]): s["signal_id"] for s in signals if s["status"] == "consumed"
     }
@@ -611,6 +622,7 @@ _PENDING_APPROVALS = """
 SELECT a.approval_id, a.message_ts, (r.input->>'i')::int AS i
 FROM approvals a JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
 WHERE a.org_id = %s AND a.status = 'pending' AND a.message_ts IS NOT NULL
+ORDER BY a.created_at
 """
 
 # Unfinished runs whose email went out (its effect settled: the message id is known), and
@@ -623,6 +635,18 @@ JOIN runs r ON r.org_id = e.org_id AND r.run_id = e.run_id
 LEFT JOIN steps w ON w.org_id = r.org_id AND w.run_id = r.run_id AND w.step_id = 'wait_reply'
 WHERE e.org_id = %s AND e.provider = 'email' AND e.status = 'settled'
   AND r.finished_at IS NULL
+ORDER BY e.settled_at
+"""
+
+# Runs whose email is about to be sent: approved, not sent yet (Maya's early replies watch
+# the provider for it).
+_ABOUT_TO_SEND = """
+SELECT r.run_id, (r.input->>'i')::int AS i
+FROM approvals a JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
+WHERE a.org_id = %s AND a.status = 'approved' AND r.finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM steps s
+                  WHERE s.org_id = a.org_id AND s.run_id = a.run_id AND s.step_id = 'send'
+                    AND s.status = 'done')
 """
 
 _NOT_YET_WOKEN = (None, "ready", "running", "waiting")
@@ -638,11 +662,20 @@ class _People:
     """Sam, Alex and Maya, acting through the sandbox while the runs flow (a thread, with a few
     more for the HTTP calls, each of which can wait seconds for a killed API).
 
-    Every ``poll_s`` it reads the pending approval requests whose message is posted and the
-    unfinished runs whose email went out, and hands each one it has not finished with to the
-    pool: a click (``scenario.decision``), or a reply (``scenario.reply``) once the step waits
-    (at once, for an early one). A click or a delivery that got no answer is tried again
-    ``retry_s`` later, as long as the request is still pending or the step still waits."""
+    Every ``poll_s`` it reads the unfinished runs whose email went out and the pending
+    approval requests whose message is posted, oldest first, and hands each one it has not
+    finished with to a free thread: a reply (``scenario.reply``) once the step waits, or a
+    click (``scenario.decision``). An early reply watches the provider's ledger from the
+    approval on and answers the moment the message exists -- sometimes before the engine has
+    recorded its id as the correlation key (the signal is kept unrouted, then adopted) or
+    before the step waits (kept pending, then consumed by the settle that makes it wait).
+    Replies, early replies and clicks have threads of their own, and nothing waits for a
+    thread: what finds none is picked up by a later poll, so a reply never queues behind a
+    burst of clicks past its 4 s deadline. A click or a delivery that got no answer is tried
+    again ``retry_s`` later, as long as the request is still pending or the step still
+    waits."""
+
+    THREADS = {"reply": 4, "early": 3, "click": 4}
 
     def __init__(self, url: str, org: str, sandbox_url: str, *, poll_s: float = 0.2) -> None:
         self.url, self.org, self.sandbox_url, self.poll_s = url, org, sandbox_url, poll_s
@@ -660,7 +693,11 @@ class _People:
         self._local = threading.local()
         self._admins: list[SandboxAdmin] = []
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="chaos-people")
+        self._inflight: Counter[str] = Counter()  # per kind of thread
+        self._pools = {
+            kind: ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"chaos-people-{kind}")
+            for kind, n in self.THREADS.items()
+        }
         self._thread = threading.Thread(target=self._loop, name="chaos-people", daemon=True)
 
     def start(self) -> None:
@@ -670,7 +707,8 @@ class _People:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
         for admin in self._admins:
             admin.close()
         if self._conn is not None:
@@ -719,8 +757,9 @@ class _People:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
         conn = self._conn
-        for row in conn.execute(_PENDING_APPROVALS, (self.org,)).fetchall():
-            self._submit(f"a:{row['approval_id']}", self._decide, row)
+        for row in conn.execute(_ABOUT_TO_SEND, (self.org,)).fetchall():
+            if scenario.reply(row["i"]).early:
+                self._submit("early", f"r:{row['run_id']}", self._reply_early, row)
         for row in conn.execute(_SENT_EMAILS, (self.org,)).fetchall():
             plan = scenario.reply(row["i"])
             key = f"r:{row['run_id']}"
@@ -732,7 +771,9 @@ class _People:
                 plan.early and row["wait_status"] in _NOT_YET_WOKEN
             )
             if waits:
-                self._submit(key, self._reply, row)
+                self._submit("reply", key, self._reply, row)
+        for row in conn.execute(_PENDING_APPROVALS, (self.org,)).fetchall():
+            self._submit("click", f"a:{row['approval_id']}", self._decide, row)
 
     def _mark_silent(self, key: str) -> None:
         with self._lock:
@@ -740,18 +781,23 @@ class _People:
                 self._finished.add(key)
                 self.counts["silent"] += 1
 
-    def _submit(self, key: str, act: Callable[[dict[str, Any]], bool], row: dict[str, Any]) -> None:
+    def _submit(
+        self, kind: str, key: str, act: Callable[[dict[str, Any]], bool], row: dict[str, Any]
+    ) -> None:
         with self._lock:
             if key in self._busy or key in self._finished:
                 return
             if self._retry_at.get(key, 0.0) > time.monotonic():
                 return
+            if self._inflight[kind] >= self.THREADS[kind]:
+                return  # no free thread: a later poll picks it up, with fresher rows
             self._busy.add(key)
+            self._inflight[kind] += 1
             self._tried.add(key)
-        self._pool.submit(self._guarded, key, act, row)
+        self._pools[kind].submit(self._guarded, kind, key, act, row)
 
     def _guarded(
-        self, key: str, act: Callable[[dict[str, Any]], bool], row: dict[str, Any]
+        self, kind: str, key: str, act: Callable[[dict[str, Any]], bool], row: dict[str, Any]
     ) -> None:
         done = False
         try:
@@ -762,6 +808,7 @@ class _People:
         finally:
             with self._lock:
                 self._busy.discard(key)
+                self._inflight[kind] -= 1
                 if done:
                     self._finished.add(key)
                 else:
@@ -822,6 +869,18 @@ class _People:
         return True
 
     # -- Maya ----------------------------------------------------------------------------------
+    def _reply_early(self, row: dict[str, Any]) -> bool:
+        """Answer the email the moment the provider has it (its ledger entry, by the send
+        step's idempotency key), racing the engine's own record of it."""
+        key = f"{row['run_id']}/send/1"
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until and not self._stop.is_set():
+            sent = self._admin().ledger("email", idempotency_key=key)
+            if sent:
+                return self._reply({**row, "message_id": sent[0]["response_id"]})
+            time.sleep(0.04)
+        return False  # not sent yet: tried again while the step runs, or once it is sent
+
     def _reply(self, row: dict[str, Any]) -> bool:
         """Answer the run's email (delivered twice by the provider); True once the engine
         answered a delivery."""

@@ -215,10 +215,11 @@ def document(
 
 
 async def add_connections(
-    integrations: Integrations, org_id: str, sandbox_url: str, *, signing_secret: str
+    integrations: Integrations, org_id: str, sandbox_url: str, *, signing_secret: str | None = None
 ) -> None:
     """One connection per provider, all on the sandbox's chaos account, and the Slack
-    connection on the chaos workspace with the secret its clicks are signed with."""
+    connection on the chaos workspace with the secret its clicks are signed with (without
+    one, no click is accepted)."""
     for connection_id, provider in CONNECTIONS.items():
         await integrations.add_connection(
             org_id,

@@ -84,7 +84,9 @@ def _exit_on_stdin_eof(server: uvicorn.Server) -> None:
 
 def _listening_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
+    # listening socket says TCP, and without it every answer waits ~40 ms (Nagle + delayed ACK)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     # Listening before the server starts means early health polls wait in the backlog
