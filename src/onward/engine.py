@@ -212,6 +212,7 @@ class Engine:
             correlation_key=correlation_key,
             payload=payload,
             worker=self.id,
+            queue=self.queue,
         )
 
     async def signals(

@@ -24,16 +24,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from onward import ids
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import InvalidInput, SignalRefused, UnknownRun
 from onward.inputs import check_storable, check_text
+from onward.queue.base import Queue, Wake
 
 Q = Queries(__package__, "signals.sql")
 
@@ -104,11 +107,17 @@ async def deliver(
     correlation_key: str | None = None,
     payload: dict[str, Any] | None = None,
     worker: str = "intake",
+    queue: Queue | None = None,
 ) -> Delivered:
     """Store a signal durably and apply it, in one transaction: routed to ``run_id`` or by
     ``correlation_key``; consumed at once if a step of its run waits on it. Raises
     ``SignalRefused`` (after recording it) when its run has finished or was cancelled,
-    ``UnknownRun`` for a ``run_id`` that does not exist, ``InvalidInput`` for bad input."""
+    ``UnknownRun`` for a ``run_id`` that does not exist, ``InvalidInput`` for bad input.
+
+    ``queue``: the woken step's wake is also published on it at once -- inside the transaction
+    where the queue can (PostgreSQL's NOTIFY: delivered if and only if it commits), else just
+    after the commit -- under the outbox row's job id, so a worker claims it without waiting for
+    the relay's next poll; the outbox row stays the guarantee."""
     payload = payload if payload is not None else {}
     _check(signal_id, name, payload)
     if (run_id is None) == (correlation_key is None):
@@ -143,13 +152,35 @@ async def deliver(
             )
         ).fetchone()
         assert stored is not None
-        answer = await _apply(conn, org_id, stored, worker)
+        answer, woke = await _apply(conn, org_id, stored, worker)
+        hint = _wake_of(org_id, answer, woke)
+        publish_tx = getattr(queue, "publish_tx", None)
+        if hint is not None and publish_tx is not None:
+            await publish_tx(conn, [hint])
+            hint = None
+    if hint is not None and queue is not None:
+        with contextlib.suppress(Exception):  # a hint only: the outbox row is the guarantee
+            await queue.publish([hint])
     if answer.status == "refused":
         raise SignalRefused(answer.signal_id, answer.run_id or "", answer.reason or "")
     return answer
 
 
-async def _apply(conn: Conn, org_id: str, stored: dict[str, Any], worker: str) -> Delivered:
+def _wake_of(org_id: str, answer: Delivered, woke: dict[str, Any] | None) -> Wake | None:
+    if woke is None or answer.run_id is None:
+        return None
+    return Wake(
+        job_id=ids.step_wake_id(answer.run_id, woke["seq"], woke["attempt"] + 1),
+        topic="step",
+        lane=woke["lane"],
+        org_id=org_id,
+        payload={"run_id": answer.run_id, "seq": woke["seq"]},
+    )
+
+
+async def _apply(
+    conn: Conn, org_id: str, stored: dict[str, Any], worker: str
+) -> tuple[Delivered, dict[str, Any] | None]:
     """Consume a pending signal if a step of its run waits on it; else settle it as refused or
     late when that is what it is. Runs in the caller's transaction."""
     run_id, status, seq, reason = (
@@ -158,6 +189,7 @@ async def _apply(conn: Conn, org_id: str, stored: dict[str, Any], worker: str) -
         stored["seq"],
         stored["reason"],
     )
+    taken: dict[str, Any] | None = None
     if run_id is not None and status == "pending":
         await conn.execute(Q.lock_run, {"org_id": org_id, "run_id": run_id})
         taken = await consume(conn, org_id, run_id, worker=worker, signal_id=stored["signal_id"])
@@ -179,7 +211,7 @@ async def _apply(conn: Conn, org_id: str, stored: dict[str, Any], worker: str) -
             if verdict is not None:
                 status, reason = verdict["status"], verdict["reason"]
     shown = "unrouted" if run_id is None and status == "pending" else status
-    return Delivered(
+    answer = Delivered(
         signal_id=stored["signal_id"],
         name=stored["name"],
         status=shown,
@@ -189,6 +221,7 @@ async def _apply(conn: Conn, org_id: str, stored: dict[str, Any], worker: str) -
         reason=reason,
         deliveries=stored["deliveries"],
     )
+    return answer, taken
 
 
 async def consume(

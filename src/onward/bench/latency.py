@@ -13,8 +13,10 @@
    delivery call's start (this process's clock, moved onto the database's by the offset of a
    ``clock_timestamp()`` round trip) to the history rows: ``signal_consumed`` (the intake
    committed), the woken step's ``step_claimed`` and the next step's ``step_claimed``. Beside
-   it: the relay's poll interval, which bounds how long the wake of a consumed signal waits
-   (intake kicks no relay of its own), and the timer fast path of the same sitting.
+   it: the relay's poll interval, which bounds how long the wake of a consumed signal would
+   wait if intake did not publish it itself (it does: ``signals.deliver`` notifies in its
+   transaction; the outbox row and the relay are the fallback), and the timer fast path of
+   the same sitting.
 3. **Signal intake over HTTP**. ``POST /v1/signals`` to the API in its own process (``python -m
    onward.bench.proc api``, no worker) from ``clients`` concurrent keep-alive connections; each
    signal names a run whose step waits on it and is sent twice, in shuffled order (so some
@@ -62,7 +64,7 @@ SIGNAL_FLOW = (
     .step("after", "set", values={"replied": "true"})
     .build()
 )
-# the relay's poll interval when nothing kicks it (intake in another process does not)
+# the relay's poll interval: the fallback when a wake is not published with its transition
 RELAY_POLL_S: float = inspect.signature(Relay).parameters["poll_seconds"].default
 
 
@@ -441,8 +443,8 @@ def render(res: dict[str, Any]) -> str:
             d = sig[leg]
             lines.append(f"{label:<34} {d['p50']:>8.1f} {d['p99']:>8.1f} {d['max']:>8.1f}")
         lines.append(
-            f"beside it: the relay's poll interval {sig['relay_poll_ms']:.0f} ms (the wake of a "
-            f"consumed signal waits for it: intake kicks no relay); timer fast path lateness "
+            f"beside it: the relay's poll interval {sig['relay_poll_ms']:.0f} ms (the fallback: "
+            f"intake publishes the woken step's wake itself); timer fast path lateness "
             f"p50 {fast_path['lateness_ms_p50']:.1f} ms; intake answered {sig['statuses']}"
         )
     http = res.get("signal_http")
