@@ -39,7 +39,9 @@ thread terminates random engine database connections (``pg_terminate_backend``) 
 schedule is done. ``shutdown.before_release`` is reached by a graceful shutdown, so that
 process gets a SIGTERM once it works; ``worker.before_settle_error`` needs a failing handler,
 so the sandbox refuses the next few calls when it is armed. Starts are fed in step with the
-kill schedule (and some held back for its tail), so runs are in flight at every kill. The run
+kill schedule (and some held back for its tail), so runs are in flight at every kill, but
+never more than ``12 * (workers + 1)`` unfinished at once: the people answer within the
+deadlines of a busy day, not of a thousand runs started in one minute. The run
 ends when every run is finished or parked and the schedule is done (a kill whose point can no
 longer come is counted as missed), or at the time limit.
 
@@ -675,7 +677,7 @@ class _People:
     again ``retry_s`` later, as long as the request is still pending or the step still
     waits."""
 
-    THREADS = {"reply": 4, "early": 3, "click": 4}
+    THREADS = {"reply": 6, "early": 3, "click": 6}
 
     def __init__(self, url: str, org: str, sandbox_url: str, *, poll_s: float = 0.2) -> None:
         self.url, self.org, self.sandbox_url, self.poll_s = url, org, sandbox_url, poll_s
@@ -966,6 +968,9 @@ class _Chaos:
         self.sent = 0  # events handed to the starter
         self.batch: tuple[int, int] | None = None  # outstanding (first, last)
         self.min_inflight = max(4, 2 * (workers + 1))
+        # at most this many runs unfinished at once: the people (and the API they go through)
+        # answer within the deadlines of a busy day, not of a thousand runs at once
+        self.max_inflight = max(40, 12 * (workers + 1))
         self.per_spec = 1.5  # runs held back per kill still to come
         self.finished = 0
         self.started_db = 0
@@ -1264,8 +1269,11 @@ class _Chaos:
 
     def target(self) -> int:
         """How many events may have been delivered by now: in step with the kill schedule,
-        never fewer than keep ``min_inflight`` runs in flight, and holding back enough runs
-        for the kills still to come."""
+        never fewer than keep ``min_inflight`` runs in flight nor more than ``max_inflight``,
+        and holding back enough runs for the kills still to come."""
+        return min(self._paced(), self.finished + self.max_inflight)
+
+    def _paced(self) -> int:
         left = self.specs_left()
         if left == 0:
             return self.runs
