@@ -776,7 +776,8 @@ def chaos(
     as_json: JsonOpt = False,
 ) -> None:
     """Kill real workers at every crash point while runs flow; print what survived (exit 1 on
-    any lost run, double transition or duplicate effect at an idempotent provider)."""
+    any lost run, double transition -- a double decision, a signal consumed twice -- or
+    duplicate effect at an idempotent provider)."""
     from onward.chaos import run_chaos
 
     # Progress goes to stderr: stdout holds only the report (only JSON with --json).
