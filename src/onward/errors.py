@@ -27,7 +27,13 @@ The hierarchy::
         ├── AuthorizationError      never retried: the run parks until the connection is restored
         ├── PermanentError          never retried: the step (and run) fails with this reason
         ├── OutcomeUnknown          the call may or may not have happened (timeout after send)
-        └── NeedsReview             a person must look: parks the step with what is known
+        ├── NeedsReview             a person must look: parks the step with what is known
+        ├── Deferred                a limit (cap, rate) held the call back: ready again after
+        │                           ``delay_s``, no attempt spent
+        ├── CircuitOpen             the provider's (connection's) circuit is open: the step
+        │                           parks until the circuit closes, no attempt spent
+        └── BudgetExhausted         the cost budget has no room: the step parks until the
+                                    budget renews or is raised
 
 Step kinds raise the ``StepError`` family; the worker turns each into one durable transition
 (retry row, parked row, failed row). Anything else raised by a step kind is treated as
@@ -201,3 +207,32 @@ class OutcomeUnknown(StepError):
 
 class NeedsReview(StepError):
     """A person must decide: the outcome is unknown and the provider offers no safe retry."""
+
+
+class Deferred(StepError):
+    """A limit held the call back before it was made (``onward.limits``): the step is ready
+    again after ``delay_s`` seconds, and no attempt is spent."""
+
+    def __init__(self, delay_s: float, message: str, *, key: str) -> None:
+        super().__init__(message, detail={"limit": key, "delay_s": round(delay_s, 3)})
+        self.delay_s, self.key = delay_s, key
+
+
+class CircuitOpen(StepError):
+    """The circuit of ``key`` (``provider:<name>`` / ``connection:<id>``) is open: the call was
+    not made and the step parks (``wait_kind = 'circuit'``) until the circuit closes; no
+    attempt is spent (``onward.circuits``)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message, detail={"circuit": key})
+        self.key = key
+
+
+class BudgetExhausted(StepError):
+    """The cost budget of ``scope`` (``*`` or an automation) has no room for the call's
+    maximum cost today: the step parks (``wait_kind = 'budget'``) until the budget renews or is
+    raised (``onward.budgets``)."""
+
+    def __init__(self, scope: str, unit: str, message: str) -> None:
+        super().__init__(message, detail={"budget": scope, "unit": unit})
+        self.scope, self.unit = scope, unit

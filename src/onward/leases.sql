@@ -18,7 +18,8 @@ claimed AS (
         lease_until = now() + make_interval(secs => %(lease)s), updated_at = now()
     FROM picked p
     WHERE s.org_id = p.org_id AND s.run_id = p.run_id AND s.seq = p.seq
-    RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.kind, s.lane, s.iteration, s.attempt, s.wake
+    RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.kind, s.lane, s.iteration, s.attempt,
+              s.failures, s.wake
 ),
 hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)
@@ -31,12 +32,13 @@ SELECT c.*, now() AS db_now, r.automation_id, r.version, r.input, r.ctx, r.visit
 FROM claimed c JOIN runs r ON r.org_id = c.org_id AND r.run_id = c.run_id;
 
 -- name: heartbeat
--- Extend the leases this worker still holds, all in one statement. A step missing from the
+-- Extend the leases this worker still holds (each by its lane's lease), all in one statement. A step missing from the
 -- result was taken over (its attempt moved on) or finished: its task must stop at once.
 UPDATE steps s
-SET lease_until = now() + make_interval(secs => %(lease)s)
-FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[])
-     AS h(org_id, run_id, seq, attempt)
+SET lease_until = now() + make_interval(secs => h.lease)
+FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[],
+            %(leases)s::float8[])
+     AS h(org_id, run_id, seq, attempt, lease)
 WHERE s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
   AND s.attempt = h.attempt AND s.status = 'running'
 RETURNING s.org_id, s.run_id, s.seq;
@@ -46,16 +48,18 @@ RETURNING s.org_id, s.run_id, s.seq;
 -- next step or complete the run. Set-based: a worker groups the settles of its concurrent
 -- chains (independent runs) into one statement and one commit; each row keeps its own fence
 -- (attempt = token AND status = 'running'), so a stale row is skipped while the others settle.
--- When eager, the next step is inserted already claimed by this worker (attempt 1, its lease),
+-- When eager, the next step is inserted already claimed by this worker (attempt 1, the lease of
+-- its lane),
 -- so no wake-up is needed; otherwise it is inserted ready with an outbox row for its lane.
 WITH x AS (
     SELECT * FROM unnest(
         %(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[],
         %(outputs)s::jsonb[], %(vars)s::jsonb[], %(next_step_ids)s::text[],
         %(next_kinds)s::text[], %(next_lanes)s::text[], %(next_iterations)s::int[],
-        %(eagers)s::bool[], %(done_statuses)s::text[], %(details)s::jsonb[]
+        %(eagers)s::bool[], %(done_statuses)s::text[], %(details)s::jsonb[],
+        %(leases)s::float8[]
     ) AS x(org_id, run_id, seq, attempt, output, vars, next_step_id, next_kind, next_lane,
-           next_iteration, eager, done_status, detail)
+           next_iteration, eager, done_status, detail, lease)
 ),
 done AS (
     UPDATE steps s
@@ -96,7 +100,7 @@ next AS (
            CASE WHEN dx.eager THEN 'running' ELSE 'ready' END,
            CASE WHEN dx.eager THEN 1 ELSE 0 END,
            CASE WHEN dx.eager THEN %(worker)s END,
-           CASE WHEN dx.eager THEN now() + make_interval(secs => %(lease)s) END
+           CASE WHEN dx.eager THEN now() + make_interval(secs => dx.lease) END
     FROM dx
     WHERE dx.next_step_id IS NOT NULL
     RETURNING org_id, run_id, seq, step_id, lane, attempt, available_at, status
@@ -185,6 +189,21 @@ WITH to_ready AS (
                               'retry_at', at.available_at) AS detail
     FROM (SELECT greatest(now() + make_interval(secs => %(delay)s),
                           coalesce(%(retry_at)s::timestamptz, '-infinity')) AS available_at) at
+),
+{{make_ready}}
+SELECT deliver_at AS available_at FROM ready;
+
+-- name: settle_defer
+-- A limit (a concurrency cap, a rate) held the step's outside call back before it was made:
+-- the step is ready again at now + %(delay)s with a wake for that instant, and no attempt is
+-- spent (failures unchanged; the claim's attempt stays the fence). The step never waited for
+-- the limit while holding its lease.
+WITH to_ready AS (
+    SELECT %(org_id)s::text AS org_id, %(run_id)s::text AS run_id, %(seq)s::int AS seq,
+           'running' AS from_status, %(attempt)s::int AS attempt,
+           now() + make_interval(secs => %(delay)s) AS available_at, NULL::jsonb AS wake,
+           NULL::jsonb AS error, 'step_deferred' AS event, %(worker)s::text AS worker,
+           %(detail)s::jsonb AS detail
 ),
 {{make_ready}}
 SELECT deliver_at AS available_at FROM ready;

@@ -8,14 +8,18 @@
 -- error, event, worker, detail). Each named step still in from_status -- and, where attempt is
 -- not NULL, still at that attempt: the fence -- becomes ready at available_at, owned by nobody;
 -- a lease it holds ends now (a lapsed one keeps the instant it lapsed); `wake` (what woke it) and
--- `error` replace the step's own when given. Then announce_ready.
+-- `error` replace the step's own when given. A failed attempt -- the events `step_retry` (an
+-- error) and `lease_expired` (its worker died or stalled) -- counts in `failures`, what retry
+-- policies count; a deferral, a release, a wake or a resume does not. Then announce_ready.
 ready AS (
     UPDATE steps st
     SET status = 'ready', owner = NULL,
         lease_until = CASE WHEN st.lease_until IS NOT NULL THEN least(st.lease_until, now()) END,
         wait_kind = NULL,
         available_at = r.available_at, wake = coalesce(r.wake, st.wake),
-        error = coalesce(r.error, st.error), updated_at = now()
+        error = coalesce(r.error, st.error), updated_at = now(),
+        failures = st.failures + CASE WHEN r.event IN ('step_retry', 'lease_expired')
+                                      THEN 1 ELSE 0 END
     FROM to_ready r
     WHERE st.org_id = r.org_id AND st.run_id = r.run_id AND st.seq = r.seq
       AND st.status = r.from_status AND (r.attempt IS NULL OR st.attempt = r.attempt)

@@ -60,6 +60,62 @@ CREATE TABLE automations (
     CONSTRAINT automations_pkey PRIMARY KEY (org_id, automation_id)
 );
 
+CREATE TABLE budget_charges (
+    org_id text NOT NULL,
+    effect_key text NOT NULL,
+    scope text NOT NULL,
+    unit text NOT NULL,
+    day date NOT NULL,
+    amount numeric NOT NULL,
+    charged_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT budget_charges_pkey PRIMARY KEY (org_id, effect_key, scope, unit)
+);
+CREATE INDEX budget_charges_day ON public.budget_charges USING btree (org_id, scope, unit, day);
+
+CREATE TABLE budget_reservations (
+    org_id text NOT NULL,
+    effect_key text NOT NULL,
+    scope text NOT NULL,
+    unit text NOT NULL,
+    amount numeric NOT NULL,
+    lease_until timestamp with time zone NOT NULL,
+    CONSTRAINT budget_reservations_pkey PRIMARY KEY (org_id, effect_key, scope, unit)
+);
+CREATE INDEX budget_reservations_scope ON public.budget_reservations USING btree (org_id, scope, unit, lease_until);
+
+CREATE TABLE budgets (
+    org_id text NOT NULL,
+    scope text NOT NULL,
+    unit text NOT NULL,
+    per_day numeric NOT NULL,
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT budgets_per_day_check CHECK ((per_day >= (0)::numeric)),
+    CONSTRAINT budgets_pkey PRIMARY KEY (org_id, scope, unit),
+    CONSTRAINT budgets_unit_check CHECK ((unit = ANY (ARRAY['usd'::text, 'tokens'::text])))
+);
+
+CREATE TABLE circuits (
+    org_id text NOT NULL,
+    key text NOT NULL,
+    state text NOT NULL DEFAULT 'closed'::text,
+    failures integer NOT NULL DEFAULT 0,
+    window_started_at timestamp with time zone,
+    opened_at timestamp with time zone,
+    retry_at timestamp with time zone,
+    probe_run_id text,
+    probe_seq integer,
+    threshold integer NOT NULL DEFAULT 5,
+    window_seconds double precision NOT NULL DEFAULT 30,
+    cooldown_seconds double precision NOT NULL DEFAULT 30,
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT circuits_cooldown_seconds_check CHECK ((cooldown_seconds > (0)::double precision)),
+    CONSTRAINT circuits_pkey PRIMARY KEY (org_id, key),
+    CONSTRAINT circuits_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
+    CONSTRAINT circuits_threshold_check CHECK ((threshold >= 1)),
+    CONSTRAINT circuits_window_seconds_check CHECK ((window_seconds > (0)::double precision))
+);
+CREATE INDEX circuits_open ON public.circuits USING btree (org_id, retry_at) WHERE (state = 'open'::text);
+
 CREATE TABLE connections (
     org_id text NOT NULL,
     connection_id text NOT NULL,
@@ -127,7 +183,7 @@ CREATE TABLE history (
     attempt integer,
     worker text,
     detail jsonb,
-    CONSTRAINT history_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'signal_consumed'::text, 'signal_refused'::text, 'signal_late'::text, 'approval_requested'::text, 'approval_decided'::text, 'approval_refused'::text, 'approval_expired'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text]))),
+    CONSTRAINT history_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_deferred'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'signal_consumed'::text, 'signal_refused'::text, 'signal_late'::text, 'approval_requested'::text, 'approval_decided'::text, 'approval_refused'::text, 'approval_expired'::text, 'circuit_opened'::text, 'circuit_half_open'::text, 'circuit_closed'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text]))),
     CONSTRAINT history_pkey PRIMARY KEY (org_id, run_id, event_id)
 );
 
@@ -138,6 +194,38 @@ CREATE TABLE leader_leases (
     term bigint NOT NULL DEFAULT 1,
     lease_until timestamp with time zone NOT NULL,
     CONSTRAINT leader_leases_pkey PRIMARY KEY (org_id, name)
+);
+
+CREATE TABLE limit_calls (
+    org_id text NOT NULL,
+    key text NOT NULL,
+    call_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    at timestamp with time zone NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT limit_calls_pkey PRIMARY KEY (org_id, key, at, call_id)
+);
+
+CREATE TABLE limit_slots (
+    org_id text NOT NULL,
+    key text NOT NULL,
+    run_id text NOT NULL,
+    seq integer NOT NULL,
+    attempt integer NOT NULL,
+    acquired_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT limit_slots_pkey PRIMARY KEY (org_id, key, run_id, seq)
+);
+
+CREATE TABLE limits (
+    org_id text NOT NULL,
+    key text NOT NULL,
+    max_concurrent integer,
+    calls integer,
+    per_seconds double precision,
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT limits_calls_check CHECK ((calls >= 1)),
+    CONSTRAINT limits_check CHECK (((calls IS NULL) = (per_seconds IS NULL))),
+    CONSTRAINT limits_max_concurrent_check CHECK ((max_concurrent >= 1)),
+    CONSTRAINT limits_per_seconds_check CHECK ((per_seconds > (0)::double precision)),
+    CONSTRAINT limits_pkey PRIMARY KEY (org_id, key)
 );
 
 CREATE TABLE notifications (
@@ -288,9 +376,10 @@ CREATE TABLE steps (
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     finished_at timestamp with time zone,
     signals text[],
+    failures integer NOT NULL DEFAULT 0,
     CONSTRAINT steps_pkey PRIMARY KEY (org_id, run_id, seq),
     CONSTRAINT steps_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text, 'done'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
-    CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text])))
+    CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text, 'budget'::text])))
 );
 CREATE INDEX steps_claimable ON public.steps USING btree (lane, available_at) WHERE (status = 'ready'::text);
 CREATE INDEX steps_leased ON public.steps USING btree (lease_until) WHERE (status = 'running'::text);
