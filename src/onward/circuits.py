@@ -41,10 +41,11 @@ def counts_as_failure(exc: BaseException) -> bool:
     return isinstance(exc, RetryableError | OutcomeUnknown)
 
 
-async def admit(pool: Pool, org_id: str, keys: list[str], *, run_id: str, seq: int) -> None:
+async def admit(pool: Pool, org_id: str, keys: list[str], *, run_id: str, seq: int) -> bool:
     """Let the call through, or raise ``CircuitOpen`` when a circuit of ``keys`` is open, or
     half-open with another step as its probe. A half-open circuit without a probe takes this
-    step as its probe."""
+    step as its probe. Returns whether this call is a probe (its success closes the circuit)."""
+    probe = False
     async with pool.connection() as conn:
         rows = await (await conn.execute(Q.not_closed, {"org_id": org_id, "keys": keys})).fetchall()
         for row in rows:
@@ -56,6 +57,7 @@ async def admit(pool: Pool, org_id: str, keys: list[str], *, run_id: str, seq: i
                     )
                 ).fetchone()
                 if taken is not None:
+                    probe = True
                     continue
                 raise CircuitOpen(
                     row["key"], f"circuit {row['key']} is half-open: one probe at a time"
@@ -65,6 +67,7 @@ async def admit(pool: Pool, org_id: str, keys: list[str], *, run_id: str, seq: i
                 f"circuit {row['key']} is open until {row['retry_at']:%H:%M:%S} UTC: "
                 "the step waits for it to close",
             )
+    return probe
 
 
 async def failed(

@@ -245,13 +245,16 @@ def _parse_lanes(text: str | None) -> dict[str, int] | None:
     """``fast=64,io=16`` -> {"fast": 64, "io": 16}: the lanes this worker serves."""
     if not text:
         return None
-    from onward.kinds import LANES
+    from onward.kinds import LANE_NAME, LANES
 
     lanes: dict[str, int] = {}
     for part in text.split(","):
         name, _, raw = part.strip().partition("=")
-        if name not in LANES:
-            raise UsageProblem(f"--lanes: unknown lane {name!r} (choose from {', '.join(LANES)})")
+        if not LANE_NAME.match(name):
+            raise UsageProblem(
+                f"--lanes: {name!r} is not a lane name (lower-case letters, digits and _; "
+                f"the built-in lanes: {', '.join(LANES)})"
+            )
         if not raw.isdigit() or int(raw) < 1:
             raise UsageProblem(f"--lanes: {name}={raw!r}: the capacity must be a whole number >= 1")
         lanes[name] = int(raw)
@@ -792,7 +795,7 @@ def chaos(
 
 # -- command groups in their own modules -------------------------------------------------------
 
-from onward import cli_people  # noqa: E402  (uses the helpers above)
+from onward import cli_flow, cli_people  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
@@ -800,6 +803,10 @@ app.command()(cli_people.signal)  # onward signal NAME --id E --run R | --key K
 app.command()(cli_people.signals)  # onward signals [--unrouted]
 app.add_typer(cli_people.approvals_app)  # onward approvals list|decide
 app.add_typer(cli_people.approvers_app)  # onward approvers list|grant|revoke
+app.add_typer(cli_flow.limits_app)  # onward limits list|set|remove
+app.add_typer(cli_flow.circuits_app)  # onward circuits list|set
+app.add_typer(cli_flow.budgets_app)  # onward budgets list|set
+app.command()(cli_flow.lanes)  # onward lanes
 
 # -- entry point -----------------------------------------------------------------------------
 

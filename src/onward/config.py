@@ -53,6 +53,8 @@ class Settings:
     lanes: dict[str, int] = field(
         default_factory=lambda: {"fast": 64, "io": 32, "slow": 8, "wait": 64}
     )
+    #: JSON overrides of lane policies (onward.lanes): {"slow": {"max_attempts": 2}, ...}
+    lane_policy: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -73,6 +75,7 @@ class Settings:
             shutdown_grace_seconds=_env_float("ONWARD_SHUTDOWN_GRACE_SECONDS", 10.0),
             max_payload_bytes=_env_int("ONWARD_MAX_PAYLOAD_BYTES", 256 * 1024),
             signing_secret=os.environ.get("ONWARD_SIGNING_SECRET") or None,
+            lane_policy=os.environ.get("ONWARD_LANE_POLICY") or None,
         )
         s = replace(s, **{k: v for k, v in overrides.items() if v is not None})
         s.validate()

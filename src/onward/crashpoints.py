@@ -32,6 +32,10 @@ POINTS = {
     "worker.before_settle_error": "handler raised (effect row withdrawn/unknown); retry not written",
     "timer.after_fire": "timers fired on their wake and steps made ready; local kick not done",
     "schedule.after_start": "a schedule's run started (committed); the schedule not yet advanced",
+    "circuit.after_open": "a failure opened a circuit (committed); its step not yet parked",
+    "circuit.after_half_open": "circuits half-opened and their probes made ready (committed)",
+    "circuit.before_close": "the probe's call succeeded (effect settled); the circuit still half-open",
+    "budget.after_reserve": "a call's maximum cost reserved (committed); the call not yet made",
 }
 
 

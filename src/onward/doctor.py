@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from onward import signals
+from onward import circuits, signals
 from onward.db.migrate import verify
 from onward.db.sql import Queries
 
@@ -124,6 +124,35 @@ async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -
                 else "none",
             )
         )
+        lanes = await (await conn.execute(Q.lanes, {})).fetchall()
+        checks.append(
+            Check(
+                "lanes",
+                all(r["oldest_ready_s"] < grace for r in lanes),
+                {r["lane"]: dict(r) for r in lanes},
+                "; ".join(
+                    f"{r['lane']}: {r['ready']} ready (oldest {r['oldest_ready_s']:.1f}s), "
+                    f"{r['running']} running"
+                    + (f", {r['parked_circuit']} on circuits" if r["parked_circuit"] else "")
+                    + (f", {r['parked_budget']} on budgets" if r["parked_budget"] else "")
+                    for r in lanes
+                )
+                or "no work in any lane",
+            )
+        )
+        not_closed = await circuits.not_closed_everywhere(conn)
+        checks.append(
+            Check(
+                "open_circuits",
+                not not_closed,
+                len(not_closed),
+                ", ".join(
+                    f"{r['org_id']}/{r['key']} {r['state']} (retry {r['retry_at']:%H:%M:%S})"
+                    for r in not_closed
+                )
+                or "none",
+            )
+        )
         leader = await (await conn.execute(Q.sweeper_leader, {})).fetchone()
     checks.append(
         Check(
@@ -151,7 +180,8 @@ def render(checks: list[Check]) -> str:
     lines = []
     for c in checks:
         mark = "ok " if c.ok else "BAD"
-        lines.append(f"[{mark}] {c.name:<26} {c.value!s:<8} {c.detail}")
+        value = len(c.value) if isinstance(c.value, dict) else c.value  # the detail says more
+        lines.append(f"[{mark}] {c.name:<26} {value!s:<8} {c.detail}")
     bad = sum(not c.ok for c in checks)
     lines.append(f"{len(checks) - bad} healthy, {bad} unhealthy")
     return "\n".join(lines)

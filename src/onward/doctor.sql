@@ -51,3 +51,20 @@ WHERE status IN ('in_flight', 'outcome_unknown', 'review')
 -- Is a sweeper elected right now?
 SELECT holder, term, lease_until, lease_until > now() AS live
 FROM leader_leases WHERE org_id = '_system' AND name = 'sweeper';
+
+-- name: lanes
+-- Per lane (R18): ready steps and the age of the oldest one that is claimable now (a starved
+-- lane shows here first), running steps (slots in use across every worker), and steps parked
+-- on a circuit or a budget.
+SELECT lane,
+       count(*) FILTER (WHERE status = 'ready' AND available_at <= now()) AS ready,
+       coalesce(extract(epoch FROM now() - min(available_at)
+                FILTER (WHERE status = 'ready' AND available_at <= now())), 0)::float8
+           AS oldest_ready_s,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'parked' AND wait_kind = 'circuit') AS parked_circuit,
+       count(*) FILTER (WHERE status = 'parked' AND wait_kind = 'budget') AS parked_budget
+FROM steps
+WHERE status IN ('ready', 'running', 'parked')
+GROUP BY lane
+ORDER BY lane;

@@ -13,9 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from onward import ids, signals
+from onward import budgets, circuits, ids, limits, signals
 from onward.connections import Integrations
-from onward.errors import AuthorizationError, PermanentError
+from onward.connectors.base import Connector
+from onward.crashpoints import crash_point
+from onward.errors import AuthorizationError, CircuitOpen, OutcomeUnknown, PermanentError, StepError
 from onward.kinds import Advance, StepContext, step_kind
 
 
@@ -53,6 +55,11 @@ class HttpParams(_Base):
     path: str = "/"
     method: str = "POST"
     body: dict[str, Any] = Field(default_factory=dict)
+
+
+#: How long a cost reservation counts without its call's charge: a worker that dies between
+#: reserve and charge leaves one that stops counting after this (budgets.sql reserve).
+RESERVATION_LEASE_S = 120.0
 
 
 def _integrations(step: StepContext) -> Integrations:
@@ -108,12 +115,72 @@ async def run_effect(
     integ = _integrations(step)
     try:
         connector = await integ.connector(step.org_id, connection)
-        return await integ.effects.run(
-            step, connector, params, key=key, harmless_repeat=harmless_repeat
-        )
+        return await _guarded(step, integ, connector, connection, params, key, harmless_repeat)
     except AuthorizationError as exc:
         await integ.mark_broken(step.org_id, connection, str(exc))
         raise
+
+
+async def _guarded(
+    step: StepContext,
+    integ: Integrations,
+    connector: Connector,
+    connection: str,
+    params: dict[str, Any],
+    key: str | None,
+    harmless_repeat: bool,
+) -> dict[str, Any]:
+    """The call, behind what protects the provider and the organisation (R5): the circuit of
+    the provider and of the connection (open: park), the cost budget (no room: park), and the
+    limits of the connection, the provider and the organisation (full: defer, no attempt
+    spent). The circuit learns the call's outcome; the budget is charged what it cost."""
+    pool, org = integ.pool, step.org_id
+    effect_key = key or step.effect_key
+    breakers = circuits.keys_for(connection, connector.provider)
+    probe = await circuits.admit(pool, org, breakers, run_id=step.run_id, seq=step.seq)
+    cost = connector.cost_estimate(params)
+    automation = step.automation.id if step.automation else "*"
+    budgeted = cost is not None and await budgets.reserve(
+        pool, org, automation, effect_key, cost=cost, lease=RESERVATION_LEASE_S
+    )
+    try:
+        limited = await limits.acquire(
+            pool,
+            org,
+            limits.keys_for(connection, connector.provider),
+            run_id=step.run_id,
+            seq=step.seq,
+            attempt=step.attempt,
+        )
+    except BaseException:
+        if budgeted:
+            await budgets.release(pool, org, effect_key)
+        raise
+    try:
+        result = await integ.effects.run(
+            step, connector, params, key=key, harmless_repeat=harmless_repeat
+        )
+    except StepError as exc:
+        if budgeted and not isinstance(exc, OutcomeUnknown):
+            await budgets.release(pool, org, effect_key)  # not done: nothing to charge
+        if circuits.counts_as_failure(exc):
+            opened = await circuits.failed(
+                pool, org, breakers, run_id=step.run_id, seq=step.seq, worker=step.worker
+            )
+            if opened:
+                raise CircuitOpen(
+                    opened[0], f"circuit {opened[0]} opened by this failure: {exc}"
+                ) from exc
+        raise
+    finally:
+        if limited:
+            await limits.release(pool, org, run_id=step.run_id, seq=step.seq, attempt=step.attempt)
+    if budgeted:
+        await budgets.charge(pool, org, automation, effect_key, cost=connector.cost_of(result))
+    if probe:
+        crash_point("circuit.before_close")
+        await circuits.succeeded(pool, org, breakers, worker=step.worker)
+    return result
 
 
 @step_kind("email.send", lane="io", params=EmailParams, contacts_person=True)

@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onward import approvals as approval_ops  # (also registers the approval kind)
+from onward import budgets as budget_ops
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
+from onward import circuits as circuit_ops
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
+from onward import lanes as lane_ops
+from onward import limits as limit_ops
 from onward import schedules as schedule_ops
 from onward import signals as signal_ops
 from onward import timers
@@ -309,6 +313,73 @@ class Engine:
         ``skipped``). Empty when the run waits on no timer. Raises ``UnknownRun``."""
         await self.status(run_id)
         return await timers.skip(self.pool, self.org_id, run_id, worker=self.id)
+
+    # -- flow control (R5): limits, circuits, budgets, lanes -----------------------------------
+    async def set_limit(
+        self,
+        key: str,
+        *,
+        max_concurrent: int | None = None,
+        calls: int | None = None,
+        per_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        """Cap the calls in progress at once under ``key`` (``connection:<id>``,
+        ``provider:<name>``, ``org``) and/or their rate (``calls`` per ``per_seconds``), across
+        every process."""
+        return await limit_ops.set_limit(
+            self.pool,
+            self.org_id,
+            key,
+            max_concurrent=max_concurrent,
+            calls=calls,
+            per_seconds=per_seconds,
+        )
+
+    async def remove_limit(self, key: str) -> bool:
+        return await limit_ops.remove_limit(self.pool, self.org_id, key)
+
+    async def limits(self) -> list[dict[str, Any]]:
+        return await limit_ops.list_limits(self.pool, self.org_id)
+
+    async def configure_circuit(
+        self,
+        key: str,
+        *,
+        threshold: int = 5,
+        window_seconds: float = 30.0,
+        cooldown_seconds: float = 30.0,
+    ) -> dict[str, Any]:
+        """Set when ``key``'s circuit opens (``threshold`` failures in ``window_seconds``) and
+        how long it stays open before one probe (``cooldown_seconds``)."""
+        return await circuit_ops.configure(
+            self.pool,
+            self.org_id,
+            key,
+            threshold=threshold,
+            window_seconds=window_seconds,
+            cooldown_seconds=cooldown_seconds,
+        )
+
+    async def circuits(self) -> list[dict[str, Any]]:
+        return await circuit_ops.list_circuits(self.pool, self.org_id)
+
+    async def set_budget(self, scope: str, unit: str, per_day: float) -> dict[str, Any]:
+        """A cost budget per day (UTC) for the organisation (``scope='*'``) or one automation,
+        in ``usd`` or ``tokens``. Steps parked on budgets resume (each checks again)."""
+        return await budget_ops.set_budget(
+            self.pool, self.org_id, scope, unit, per_day, worker=self.id
+        )
+
+    async def budgets(self) -> list[dict[str, Any]]:
+        return await budget_ops.list_budgets(self.pool, self.org_id)
+
+    def lanes(self) -> dict[str, lane_ops.LanePolicy]:
+        """The lane policies a worker of this engine serves (``onward.lanes``)."""
+        return lane_ops.policies(
+            dict(self.settings.lanes),
+            self.settings.lane_policy,
+            lease_seconds=self.settings.lease_seconds,
+        )
 
     # -- background tasks ------------------------------------------------------------------
     def background(

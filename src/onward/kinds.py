@@ -16,6 +16,7 @@ to ask for a retry, a park or a failure. Anything else raised is retried with ba
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,7 +27,8 @@ from pydantic import BaseModel
 from onward import ids
 from onward.automations.document import AutomationDoc, RetryPolicy, StepDef
 
-LANES = ("fast", "io", "slow", "wait")
+LANES = ("fast", "io", "slow", "wait")  # the built-in lanes; settings may add more
+LANE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
 @dataclass
@@ -119,7 +121,7 @@ class KindSpec:
     params: type[BaseModel] | None = None
     successors: Successors = _static_next
     check: Checker = _no_checks
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy | None = None  # None: the lane's (onward.lanes)
     contacts_person: bool = False  # consent is checked at run time for these (R14)
     needs_zone: bool = False  # its params name a zone, or the automation's timezone serves
 
@@ -136,8 +138,11 @@ class Registry:
         self._kinds: dict[str, KindSpec] = {}
 
     def add(self, spec: KindSpec, *, replace: bool = False) -> KindSpec:
-        if spec.lane not in LANES:
-            raise ValueError(f"lane {spec.lane!r} of kind {spec.name!r}: choose one of {LANES}")
+        if not LANE_NAME.match(spec.lane):
+            raise ValueError(
+                f"lane {spec.lane!r} of kind {spec.name!r}: lower-case letters, digits and _ "
+                f"(the built-in lanes: {', '.join(LANES)})"
+            )
         if spec.name in self._kinds and not replace:
             raise ValueError(f"step kind {spec.name!r} is already registered")
         self._kinds[spec.name] = spec
@@ -187,7 +192,7 @@ def step_kind(
                 params=params,
                 successors=successors or _static_next,
                 check=check or _no_checks,
-                retry=retry or RetryPolicy(),
+                retry=retry,
                 contacts_person=contacts_person,
                 needs_zone=needs_zone,
             ),

@@ -62,14 +62,17 @@ async def claim(
     return list(await cur.fetchall())
 
 
-async def heartbeat(conn: Conn, tokens: Sequence[Token], lease: float) -> set[tuple[str, str, int]]:
-    """Extend every lease still held; returns the keys still held."""
+async def heartbeat(
+    conn: Conn, tokens: Sequence[Token], leases: Sequence[float]
+) -> set[tuple[str, str, int]]:
+    """Extend every lease still held, each by its own length (its lane's); returns the keys
+    still held."""
     if not tokens:
         return set()
     cur = await conn.execute(
         Q.heartbeat,
         {
-            "lease": lease,
+            "leases": list(leases),
             "org_ids": [t.org_id for t in tokens],
             "run_ids": [t.run_id for t in tokens],
             "seqs": [t.seq for t in tokens],
@@ -90,6 +93,7 @@ class AdvanceSettle:
     eager: bool
     detail: dict[str, Any] | None = None
     skipped: bool = False
+    lease: float | None = None  # the eager successor's lease (its lane's); None: the batch's
 
 
 async def settle_advance_many(
@@ -103,7 +107,7 @@ async def settle_advance_many(
         Q.settle_advance,
         {
             "worker": worker,
-            "lease": lease,
+            "leases": [i.lease if i.lease is not None else lease for i in items],
             "org_ids": [i.token.org_id for i in items],
             "run_ids": [i.token.run_id for i in items],
             "seqs": [i.token.seq for i in items],
@@ -195,6 +199,23 @@ async def settle_retry(
             "error": Jsonb(error),
             "retry_at": retry_at,
         },
+    )
+    return await cur.fetchone() is not None
+
+
+async def settle_defer(
+    conn: Conn,
+    token: Token,
+    *,
+    worker: str,
+    delay: float,
+    detail: dict[str, Any],
+) -> bool:
+    """A limit held the step's call back: ready again after ``delay`` seconds (by the database's
+    clock), no attempt spent."""
+    cur = await conn.execute(
+        Q.settle_defer,
+        {**token.args(), "worker": worker, "delay": delay, "detail": Jsonb(detail)},
     )
     return await cur.fetchone() is not None
 

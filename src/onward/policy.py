@@ -5,8 +5,9 @@ answers with one fenced statement (``settle.Settler``):
 
 * :func:`at_claim` -- before the handler runs: a cancel request or an exhausted budget (R13)
   ends the run instead;
-* :func:`after_error` -- the handler raised: park (reconnect, review), fail, or retry with
-  backoff (``Retry-After`` wins);
+* :func:`after_error` -- the handler raised: park (reconnect, review, an open circuit, an
+  exhausted budget), fail, defer (a limit held the call back: no attempt spent), or retry with
+  backoff (``Retry-After`` wins); attempts are counted by failures, not claims;
 * :func:`after_result` -- the handler answered: done and advance to the next step (or complete
   the run), wait on a timer, or fail when the answer cannot be stored or leads nowhere.
 
@@ -25,7 +26,16 @@ from typing import Any
 
 from onward.automations.document import AutomationDoc, RetryPolicy, StepDef
 from onward.backoff import retry_delay
-from onward.errors import AuthorizationError, NeedsReview, PermanentError, RateLimited, StepError
+from onward.errors import (
+    AuthorizationError,
+    BudgetExhausted,
+    CircuitOpen,
+    Deferred,
+    NeedsReview,
+    PermanentError,
+    RateLimited,
+    StepError,
+)
 from onward.kinds import Advance, Registry, Wait
 
 #: What a step may wait on (steps.wait_kind of a waiting step).
@@ -79,6 +89,15 @@ class Retry:
 
 
 @dataclass(frozen=True)
+class Defer:
+    """A limit (a concurrency cap, a rate) held the step's outside call back before it was
+    made: the step is ready again after ``delay`` seconds, and no attempt is spent."""
+
+    delay: float
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Stop:
     """The step ends without a successor, and the run with it -- or both park for a person
     (``step_status == run_status == 'parked'`` with a ``wait_kind``)."""
@@ -90,7 +109,7 @@ class Stop:
     wait_kind: str | None = None
 
 
-Transition = Proceed | WaitTimer | Retry | Stop
+Transition = Proceed | WaitTimer | Retry | Defer | Stop
 
 
 def at_claim(claim: Mapping[str, Any]) -> Stop | None:
@@ -143,15 +162,28 @@ def after_error(
     exc: BaseException,
     *,
     step_id: str,
-    attempt: int,
+    failures: int,
     retry: RetryPolicy,
     jitter: Callable[[float, float], float] = random.uniform,
-) -> Stop | Retry:
-    """The handler raised ``exc`` on its ``attempt``-th attempt."""
+) -> Stop | Retry | Defer:
+    """The handler raised ``exc``; ``failures`` attempts of this step failed before this one
+    (errors and lapsed leases -- not claims: a deferral or a resume spends none), so this is
+    failed attempt number ``failures + 1``."""
+    attempt = failures + 1
     error = error_detail(exc)
+    if isinstance(exc, Deferred):
+        return Defer(exc.delay_s, {"reason": str(exc), **exc.detail})
     if isinstance(exc, AuthorizationError):
         reason = str(exc) or "reconnect the connection"
         return Stop("parked", "parked", reason, error, wait_kind="reconnect")
+    if isinstance(exc, CircuitOpen):
+        return Stop(
+            "parked", "parked", str(exc), {**error, "circuit": exc.key}, wait_kind="circuit"
+        )
+    if isinstance(exc, BudgetExhausted):
+        return Stop(
+            "parked", "parked", str(exc), {**error, "budget": exc.scope}, wait_kind="budget"
+        )
     if isinstance(exc, NeedsReview):
         return Stop("parked", "parked", str(exc), error, wait_kind="review")
     if isinstance(exc, PermanentError):
@@ -214,6 +246,7 @@ def _as_stored(value: Any) -> Any:
 
 
 __all__ = [
+    "Defer",
     "NextStep",
     "Proceed",
     "Retry",

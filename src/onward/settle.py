@@ -23,7 +23,7 @@ from onward import approvals, leases, signals
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.leases import AdvanceSettle, Token
-from onward.policy import Proceed, Retry, Stop, WaitTimer
+from onward.policy import Defer, Proceed, Retry, Stop, WaitTimer
 
 _Pending = tuple[AdvanceSettle, "asyncio.Future[dict[str, Any] | None]"]
 
@@ -119,6 +119,12 @@ class Settler:
                 conn, token, worker=self.worker, delay=t.delay, error=t.error, retry_at=t.retry_at
             )
 
+    async def defer(self, token: Token, t: Defer) -> bool:
+        async with self.pool.connection() as conn:
+            return await leases.settle_defer(
+                conn, token, worker=self.worker, delay=t.delay, detail=t.detail
+            )
+
     async def wait(self, token: Token, t: WaitTimer) -> bool:
         """The step waits (on a timer, on signals, on a person). A signal or approval wait is
         one transaction with the run's transition lock taken first, so a signal stored (a decision made)
@@ -152,7 +158,9 @@ class Settler:
             signals=t.signals,
         )
 
-    async def proceed(self, token: Token, t: Proceed, *, eager: bool) -> dict[str, Any] | None:
+    async def proceed(
+        self, token: Token, t: Proceed, *, eager: bool, lease: float | None = None
+    ) -> dict[str, Any] | None:
         """Done + enter the next step (claimed by this worker when ``eager``) or complete the
         run, grouped with other chains' advances. Returns the run row, None if the lease was
         lost."""
@@ -165,6 +173,7 @@ class Settler:
                 eager and t.next_step is not None,
                 detail={"skipped": t.skipped} if t.skipped else None,
                 skipped=t.skipped is not None,
+                lease=lease,
             )
         )
         crash_point("worker.after_settle")

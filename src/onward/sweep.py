@@ -10,7 +10,9 @@ Every few seconds the leader:
    then fires the due schedules that start runs, as fairly (:func:`onward.schedules.fire_due`);
 3. makes steps whose lease expired ready again (their worker died or stalled);
 4. ends waiting runs that outlived their maximum age (R13);
-5. prunes sent outbox rows.
+5. half-opens circuits whose cool-down passed, each with one parked step as its probe, and
+   resumes the steps parked on a budget before today (their budget renewed) (R5);
+6. prunes sent outbox rows.
 
 The sweep fires timers; it never claims steps. Claiming is the workers' job, bounded by their
 free capacity, so the sweep cannot hand out more work than the workers can start.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from onward import leases, outbox, schedules, timers
+from onward import budgets, circuits, leases, outbox, schedules, timers
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
@@ -54,6 +56,8 @@ class SweepStats:
     expired: int = 0
     pruned: int = 0
     scheduled: int = 0  # runs started by schedules
+    probes: int = 0  # circuits half-opened
+    budget_resumed: int = 0
     lateness: list[float] = field(default_factory=list)
 
 
@@ -155,12 +159,25 @@ class Sweeper:
         self.stats.scheduled += await schedules.fire_due(self.pool)
         self.stats.rescued += await self.rescue()
         self.stats.expired += await self.expire_over_age()
+        resumed = await self.flow_control()
         if self.stats.ticks % 100 == 0:
             self.stats.pruned += await self.prune_outbox()
         self.stats.ticks += 1
-        if fired_total and self.kick is not None:
+        if (fired_total or resumed) and self.kick is not None:
             self.kick.set()
         return fired_total
+
+    async def flow_control(self) -> int:
+        """Circuits past their cool-down become half-open (one probe each); steps parked on a
+        budget before today resume. Returns how many steps were made ready."""
+        async with self.pool.connection() as conn:
+            probes = await circuits.half_open_due(conn, worker=self.worker_id)
+            renewed = await budgets.resume_parked(
+                conn, None, worker=self.worker_id, reason="a new day", renewed_only=True
+            )
+        self.stats.probes += len(probes)
+        self.stats.budget_resumed += renewed
+        return sum(1 for p in probes if p["probe_run_id"]) + renewed
 
     async def run(self, stop: asyncio.Event) -> None:
         try:

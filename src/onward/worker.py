@@ -5,8 +5,9 @@ shutdown); the pure outcome policy (``onward.policy``: what a step's outcome mea
 and the settler with its batcher (``onward.settle``: the fenced statements that write it, the
 advances of concurrent chains grouped into one commit).
 
-Lanes: each lane has a capacity (how many of its steps run at once). A lane loop claims only
-as many steps as it has free slots -- backpressure: a claimed step never waits for a worker
+Lanes: each lane has a policy (``onward.lanes``): a capacity (how many of its steps run at
+once), a lease length and a retry policy. A lane loop claims only as many steps as it has free
+slots -- backpressure: a claimed step never waits for a worker
 while its lease runs out -- and claims again when a slot frees, when a wake arrives, or every
 ``poll_seconds`` (the backstop when wakes are lost or the queue is off).
 
@@ -39,6 +40,7 @@ from typing import Any
 import psycopg
 from pydantic import ValidationError
 
+from onward import lanes as lane_policies
 from onward import leases, policy, timers
 from onward.automations.document import AutomationDoc, StepDef
 from onward.automations.versions import VersionCache
@@ -68,6 +70,7 @@ class _LeaseLostError(Exception):
 class _Held:
     token: Token
     lane: str
+    lease: float
     lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -78,6 +81,7 @@ class WorkerStats:
     eager: int = 0
     lost: int = 0
     retried: int = 0
+    deferred: int = 0
     released: int = 0
 
 
@@ -99,7 +103,12 @@ class Worker:
         self.pool, self.queue, self.settings, self.registry = pool, queue, settings, registry
         self.versions = versions or VersionCache(pool)
         self.id = worker_id or new_worker_id()
-        self.capacity = dict(lanes or settings.lanes)
+        self.policies = lane_policies.policies(
+            dict(lanes or settings.lanes),
+            settings.lane_policy,
+            lease_seconds=settings.lease_seconds,
+        )
+        self.capacity = {lane: p.capacity for lane, p in self.policies.items()}
         self.eager = eager
         self.claim_batch = claim_batch
         self.integrations = integrations
@@ -159,7 +168,7 @@ class Worker:
                 try:
                     async with self.pool.connection() as conn:
                         rows = await leases.claim(
-                            conn, lane, want, self.id, self.settings.lease_seconds
+                            conn, lane, want, self.id, self.policies[lane].lease_seconds
                         )
                 except (psycopg.OperationalError, OSError) as exc:
                     log.warning("claim in lane %s failed (%s); retrying", lane, exc)
@@ -177,7 +186,7 @@ class Worker:
         lane = row["lane"]
         self.running[lane] = self.running.get(lane, 0) + 1
         token = Token(row["org_id"], row["run_id"], row["seq"], row["attempt"])
-        self.held[token.key] = _Held(token, lane)
+        self.held[token.key] = _Held(token, lane, self._lease(lane))
         task = asyncio.create_task(self._run_chain(row), name=f"step {token.run_id}#{token.seq}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -211,8 +220,18 @@ class Worker:
                     self.kick[lane].set()
             if row is not None:  # eager: already counted in its lane by _execute
                 self.held[(row["org_id"], row["run_id"], row["seq"])] = _Held(
-                    Token(row["org_id"], row["run_id"], row["seq"], row["attempt"]), row["lane"]
+                    Token(row["org_id"], row["run_id"], row["seq"], row["attempt"]),
+                    row["lane"],
+                    self._lease(row["lane"]),
                 )
+
+    def _lease(self, lane: str) -> float:
+        policy_ = self.policies.get(lane)
+        return policy_.lease_seconds if policy_ else self.settings.lease_seconds
+
+    def _retry(self, lane: str) -> Any:
+        policy_ = self.policies.get(lane)
+        return policy_.retry if policy_ else lane_policies.NEW_LANE.retry
 
     # -- running one step ------------------------------------------------------------------
     def _params(
@@ -223,13 +242,18 @@ class Worker:
             self._params_cache[key] = spec.parse_params(step.params)
         return self._params_cache[key]
 
-    async def _write(self, token: Token, t: policy.Stop | policy.Retry | policy.WaitTimer) -> None:
+    async def _write(
+        self, token: Token, t: policy.Stop | policy.Retry | policy.Defer | policy.WaitTimer
+    ) -> None:
         """Write a transition that ends this chain (anything but an advance)."""
         if isinstance(t, policy.Stop):
             ok = await self.settler.stop(token, t)
         elif isinstance(t, policy.Retry):
             ok = await self.settler.retry(token, t)
             self.stats.retried += int(ok)
+        elif isinstance(t, policy.Defer):
+            ok = await self.settler.defer(token, t)
+            self.stats.deferred += int(ok)
         else:
             ok = await self.settler.wait(token, t)
         self._count_settle(ok)
@@ -298,9 +322,12 @@ class Worker:
             return None
         except Exception as exc:
             crash_point("worker.before_settle_error")
-            retry = step.retry or spec.retry
+            retry = step.retry or spec.retry or self._retry(row["lane"])
             await self._write(
-                token, policy.after_error(exc, step_id=step.id, attempt=token.attempt, retry=retry)
+                token,
+                policy.after_error(
+                    exc, step_id=step.id, failures=row.get("failures") or 0, retry=retry
+                ),
             )
             return None
         crash_point("worker.before_settle")
@@ -349,7 +376,8 @@ class Worker:
         self, row: dict[str, Any], token: Token, step: StepDef, t: policy.Proceed
     ) -> dict[str, Any] | None:
         eager = self._eager(row, t)
-        res = await self.settler.proceed(token, t, eager=eager)
+        lease = self._lease(t.next_step.lane) if eager and t.next_step else None
+        res = await self.settler.proceed(token, t, eager=eager, lease=lease)
         self._count_settle(res is not None)
         nxt = t.next_step
         if res is None or nxt is None or not eager:
@@ -366,6 +394,7 @@ class Worker:
             "lane": nxt.lane,
             "iteration": nxt.iteration,
             "attempt": 1,
+            "failures": 0,
             "wake": None,
             "ctx": {"vars": {**(ctx.get("vars") or {}), **t.vars}, "steps": steps_out},
             "visits": {**(row["visits"] or {}), nxt.step_id: nxt.iteration},
@@ -381,13 +410,14 @@ class Worker:
         last_ok = time.monotonic()
         while not stop.is_set() or self.held:
             await sleep_or(asyncio.Event(), self.settings.heartbeat_seconds)
-            tokens = [h.token for h in list(self.held.values())]
+            held = list(self.held.values())
+            tokens = [h.token for h in held]
             if not tokens:
                 last_ok = time.monotonic()
                 continue
             try:
                 async with self.pool.connection() as conn:
-                    alive = await leases.heartbeat(conn, tokens, self.settings.lease_seconds)
+                    alive = await leases.heartbeat(conn, tokens, [h.lease for h in held])
                 last_ok = time.monotonic()
             except (psycopg.OperationalError, OSError) as exc:
                 log.warning("heartbeat failed (%s)", exc)

@@ -57,8 +57,9 @@ def claim(**facts: Any) -> dict[str, Any]:
 
 
 def error(exc: BaseException, attempt: int = 1, **kw: Any) -> Any:
+    """The ``attempt``-th failed attempt (``failures`` = attempt - 1 failed before it)."""
     retry = RetryPolicy(max_attempts=3, base=2.0, cap=10.0)
-    return policy.after_error(exc, step_id="send", attempt=attempt, retry=retry, **kw)
+    return policy.after_error(exc, step_id="send", failures=attempt - 1, retry=retry, **kw)
 
 
 # -- at claim: before the handler runs ---------------------------------------------------
@@ -193,7 +194,7 @@ def test_retry_backs_off_with_full_jitter_under_the_ceiling() -> None:
     t = policy.after_error(
         RuntimeError("x"),
         step_id="s",
-        attempt=9,
+        failures=8,
         retry=RetryPolicy(max_attempts=20, base=2.0, cap=10.0),
         jitter=highest,
     )
@@ -228,3 +229,52 @@ def test_an_engine_error_parks_the_run_for_review() -> None:
     stop = policy.engine_error(KeyError("ctx"))
     assert (stop.step_status, stop.run_status, stop.wait_kind) == ("parked", "parked", "review")
     assert stop.reason == "engine error: KeyError: 'ctx'"
+
+
+# -- flow control: a limit defers, an open circuit or an exhausted budget parks -----------------
+
+
+def test_a_limit_defers_the_step_without_spending_an_attempt() -> None:
+    from onward.errors import Deferred
+
+    t = error(Deferred(0.75, "connection:crm: 2 call(s) in progress", key="connection:crm"), 3)
+    assert t == policy.Defer(
+        0.75,
+        {
+            "reason": "connection:crm: 2 call(s) in progress",
+            "limit": "connection:crm",
+            "delay_s": 0.75,
+        },
+    )
+
+
+def test_an_open_circuit_parks_instead_of_burning_retries() -> None:
+    from onward.errors import CircuitOpen
+
+    t = error(CircuitOpen("provider:email", "circuit provider:email is open"), attempt=1)
+    assert isinstance(t, policy.Stop)
+    assert (t.step_status, t.run_status, t.wait_kind) == ("parked", "parked", "circuit")
+    assert t.error is not None and t.error["circuit"] == "provider:email"
+    # even on what would have been the last attempt: a circuit is not the step's failure
+    assert error(CircuitOpen("provider:email", "open"), attempt=3).wait_kind == "circuit"
+
+
+def test_an_exhausted_budget_parks_the_step() -> None:
+    from onward.errors import BudgetExhausted
+
+    t = error(BudgetExhausted("*", "usd", "budget * (usd): 1.0 of 1.0 used"), attempt=1)
+    assert isinstance(t, policy.Stop) and t.wait_kind == "budget"
+    assert t.error is not None and t.error["budget"] == "*"
+
+
+def test_attempts_count_failures_not_claims() -> None:
+    # two failures before: this is the third failed attempt of max 3 -> give up
+    t = policy.after_error(
+        RetryableError("503"), step_id="s", failures=2, retry=RetryPolicy(max_attempts=3)
+    )
+    assert isinstance(t, policy.Stop) and "gave up after 3 attempts" in t.reason
+    # one failure before (however many claims deferrals made): retried
+    t = policy.after_error(
+        RetryableError("503"), step_id="s", failures=1, retry=RetryPolicy(max_attempts=3)
+    )
+    assert isinstance(t, policy.Retry)

@@ -90,6 +90,15 @@ class Connector(abc.ABC):
         """The earlier work tagged with ``idempotency_key``, or None if the provider has none."""
         raise NotImplementedError(f"{self.provider} offers no way to find earlier work by key")
 
+    def cost_estimate(self, params: dict[str, Any]) -> dict[str, float] | None:
+        """The most a call with ``params`` can cost (``{"usd": .., "tokens": ..}``), reserved
+        against the cost budgets before it is made; None: the call costs nothing budgeted."""
+        return None
+
+    def cost_of(self, result: dict[str, Any]) -> dict[str, float]:
+        """What a call really cost, from its result (charged once per effect key)."""
+        return {}
+
     async def probe(self) -> None:
         """Raise AuthorizationError if the credentials are refused (other errors as classified)."""
         await self.request("GET", f"/{self.provider}/me")
