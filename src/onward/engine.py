@@ -153,12 +153,15 @@ class Engine:
     async def status(self, run_id: str) -> str:
         return await run_status(self.pool, self.org_id, run_id)
 
-    async def wait(self, run_id: str, *, timeout: float = 60.0, poll: float = 0.05) -> str:
-        """Wait until the run is in a terminal state (or parked); returns its status."""
+    async def wait(
+        self, run_id: str, *, timeout: float = 60.0, poll: float = 0.05, or_parked: bool = True
+    ) -> str:
+        """Wait until the run is in a terminal state (or parked, unless ``or_parked=False``);
+        returns its status."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             status = await self.status(run_id)
-            if status in TERMINAL or status == "parked":
+            if status in TERMINAL or (or_parked and status == "parked"):
                 return status
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"run {run_id} still {status} after {timeout}s")

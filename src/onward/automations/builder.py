@@ -48,13 +48,22 @@ class Automation:
         next: str | None = _UNSET,
         end: bool = False,
         lane: str | None = None,
+        retry: dict[str, Any] | None = None,
+        timeout: str | float | None = None,
         **params: Any,
     ) -> Automation:
+        """A step: its kind's parameters as keywords (``with``); ``lane``, ``retry``
+        (``{"max_attempts", "base", "cap"}``: over the kind's and the lane's) and ``timeout``
+        are the step's own."""
         entry: dict[str, Any] = {"id": step_id, "kind": kind}
         if params:
             entry["with"] = params
         if lane:
             entry["lane"] = lane
+        if retry is not None:
+            entry["retry"] = retry
+        if timeout is not None:
+            entry["timeout"] = timeout
         index = len(self._steps)
         if next is not _UNSET and next is not None:
             entry["next"] = next

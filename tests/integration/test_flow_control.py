@@ -1,0 +1,140 @@
+"""Flow control end to end (R5): a concurrency cap defers instead of waiting in a lease, a
+circuit opens on failures, parks instead of burning retries, probes once and resumes every
+parked step, and a budget parks a model call that does not fit and resumes when raised."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from onward import Automation
+from onward.engine import Engine
+from onward.sandbox import SandboxServer
+from onward.testing import eventually, history
+
+pytestmark = pytest.mark.usefixtures("admin")  # every test starts on a clean sandbox
+
+
+async def connect(engine: Engine, sandbox: SandboxServer, connection: str, provider: str) -> None:
+    await engine.integrations.add_connection(
+        engine.org_id,
+        connection,
+        provider=provider,
+        base_url=sandbox.url,
+        account="acct_1",
+        secret="acct_1",
+    )
+
+
+async def faults(sandbox: SandboxServer, provider: str, **knobs: Any) -> None:
+    async with httpx.AsyncClient(base_url=sandbox.url) as client:
+        (await client.post(f"/_admin/faults/{provider}", json=knobs)).raise_for_status()
+
+
+def statuses(sql: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
+    rows = sql.execute(
+        "SELECT run_id, status FROM runs WHERE run_id = ANY(%s)", (run_ids,)
+    ).fetchall()
+    return {r["run_id"]: r["status"] for r in rows}
+
+
+async def test_a_concurrency_cap_defers_steps_with_no_attempt_spent(
+    engine: Engine, sql: psycopg.Connection[Any], sandbox: SandboxServer
+) -> None:
+    await connect(engine, sandbox, "crm", "crm")
+    await engine.set_limit("connection:crm", max_concurrent=1)
+    await faults(sandbox, "crm", latency_ms=300)
+    flow = Automation("upsert").step(
+        "crm", "crm.upsert", connection="crm", external_id="{input.id}"
+    )
+    await engine.publish(flow.build())
+    runs = [
+        (await engine.start("upsert", {"id": f"c{i}"}, event_id=f"u{i}")).run_id for i in range(4)
+    ]
+    async with engine.running():
+        for run_id in runs:
+            assert await engine.wait(run_id, timeout=60) == "completed"
+    deferred = [h for r in runs for h in history(sql, r, "step_deferred")]
+    assert deferred, "with a cap of 1 and four calls of 300 ms, some were held back"
+    assert all(h["detail"]["limit"] == "connection:crm" for h in deferred)
+    failures = sql.execute("SELECT max(failures) AS f FROM steps WHERE run_id = ANY(%s)", (runs,))
+    assert failures.fetchone() == {"f": 0}  # deferrals spend no attempt
+
+
+async def test_a_circuit_opens_parks_probes_once_and_resumes_every_parked_step(
+    engine: Engine, sql: psycopg.Connection[Any], sandbox: SandboxServer
+) -> None:
+    await connect(engine, sandbox, "mailbox", "email")
+    for key in ("provider:email", "connection:mailbox"):  # both see every failure
+        await engine.configure_circuit(key, threshold=2, window_seconds=60, cooldown_seconds=1)
+    await faults(sandbox, "email", error_rate=1.0)
+    flow = Automation("mail").step(
+        "send",
+        "email.send",
+        connection="mailbox",
+        to="{input.to}",
+        subject="s",
+        body="b",
+        retry={"max_attempts": 3, "base": 0.05, "cap": 0.1},
+    )
+    await engine.publish(flow.build())
+    runs = [
+        (await engine.start("mail", {"to": f"m{i}@example.test"}, event_id=f"m{i}")).run_id
+        for i in range(5)
+    ]
+    async with engine.running():
+
+        async def all_parked() -> Any:
+            got = statuses(sql, runs)
+            return got if set(got.values()) == {"parked"} and len(got) == 5 else None
+
+        await eventually(all_parked, timeout=30, what="every run parked on the circuit")
+        reasons = sql.execute(
+            "SELECT DISTINCT wait_kind FROM steps WHERE run_id = ANY(%s)", (runs,)
+        ).fetchall()
+        assert reasons == [{"wait_kind": "circuit"}]
+        # the provider recovers; after the cool-down one probe goes through and closes it
+        await faults(sandbox, "email")
+        for run_id in runs:
+            assert await engine.wait(run_id, timeout=30, or_parked=False) == "completed"
+    opened = [h for r in runs for h in history(sql, r, "circuit_opened")]
+    probes = [h for r in runs for h in history(sql, r, "circuit_half_open")]
+    closed = [h for r in runs for h in history(sql, r, "circuit_closed")]
+    assert len(opened) >= 1 and len(probes) == 1
+    assert len(closed) == 4  # every parked step but the probe resumed on the close
+    # no step burnt its retries: at most the failures before the circuit opened
+    rows = sql.execute("SELECT failures FROM steps WHERE run_id = ANY(%s)", (runs,)).fetchall()
+    assert max(r["failures"] for r in rows) <= 2
+    assert {c["key"]: c["state"] for c in await engine.circuits()} == {
+        "connection:mailbox": "closed",
+        "provider:email": "closed",
+    }
+
+
+async def test_an_exhausted_budget_parks_and_raising_it_resumes(
+    engine: Engine, sql: psycopg.Connection[Any], sandbox: SandboxServer
+) -> None:
+    await connect(engine, sandbox, "model", "model")
+    await engine.set_budget("*", "tokens", 10)  # a draft may cost up to prompt + 60 tokens
+    flow = Automation("draft").step(
+        "draft", "model.generate", connection="model", prompt="Write hello", max_tokens=60
+    )
+    await engine.publish(flow.build())
+    run_id = (await engine.start("draft", {}, event_id="d1")).run_id
+    async with engine.running():
+        assert await engine.wait(run_id, timeout=30) == "parked"
+        step = sql.execute("SELECT wait_kind, error FROM steps WHERE run_id = %s", (run_id,))
+        row = step.fetchone()
+        assert row is not None and row["wait_kind"] == "budget"
+        await engine.set_budget("*", "tokens", 1000)
+        assert await engine.wait(run_id, timeout=30, or_parked=False) == "completed"
+    (budget,) = await engine.budgets()
+    out = sql.execute("SELECT output FROM steps WHERE run_id = %s", (run_id,)).fetchone()
+    assert out is not None
+    spent = out["output"]["tokens_in"] + out["output"]["tokens_out"]
+    assert float(budget["charged_today"]) == spent and float(budget["reserved"]) == 0
+    assert len(history(sql, run_id, "step_resumed")) == 1
