@@ -4,7 +4,6 @@ parked step, and a budget parks a model call that does not fit and resumes when 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
