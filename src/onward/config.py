@@ -26,6 +26,17 @@ def _env_float(name: str, default: float) -> float:
         raise ConfigError(f"{name}={raw!r} is not a number") from exc
 
 
+def _lanes(spec: str) -> dict[str, int]:
+    """``ONWARD_LANES=fast=64,io=16,bulk=4``: the lanes a worker serves and their capacity."""
+    out: dict[str, int] = {}
+    for part in spec.split(","):
+        name, _, cap = part.strip().partition("=")
+        if not cap.strip().isdigit() or int(cap) < 1:
+            raise ConfigError(f"ONWARD_LANES: {part.strip()!r}: lane=capacity, a whole number >= 1")
+        out[name.strip()] = int(cap)
+    return out
+
+
 def _env_int(name: str, default: int) -> int:
     return int(_env_float(name, default))
 
@@ -77,11 +88,16 @@ class Settings:
             signing_secret=os.environ.get("ONWARD_SIGNING_SECRET") or None,
             lane_policy=os.environ.get("ONWARD_LANE_POLICY") or None,
         )
+        if os.environ.get("ONWARD_LANES"):
+            s = replace(s, lanes=_lanes(os.environ["ONWARD_LANES"]))
         s = replace(s, **{k: v for k, v in overrides.items() if v is not None})
         s.validate()
         return s
 
     def validate(self) -> None:
+        from onward.lanes import policies  # late: onward.lanes imports the automations package
+
+        policies(dict(self.lanes), self.lane_policy, lease_seconds=self.lease_seconds)
         if self.queue not in QUEUES:
             raise ConfigError(f"ONWARD_QUEUE={self.queue!r}: choose one of {', '.join(QUEUES)}")
         if self.heartbeat_seconds >= self.lease_seconds:
