@@ -68,11 +68,20 @@ SELECT key, state, failures, retry_at, (state = 'open' AND was <> 'open') AS ope
 -- name: half_open_due
 -- The cool-down of open circuits passed: each becomes half-open, and one step parked on it
 -- (the longest parked) is made ready as its probe, with a history row; a circuit with no
--- parked step waits half-open for the next call, which becomes its probe. Bounded, SKIP LOCKED.
+-- parked step waits half-open for the next call, which becomes its probe. A half-open circuit
+-- whose probe went elsewhere (its step ended without a call: failed, cancelled, parked for
+-- another reason) for longer than a cool-down gets a new probe the same way. Bounded, SKIP
+-- LOCKED.
 WITH due AS (
-    SELECT org_id, key FROM circuits
-    WHERE state = 'open' AND retry_at <= now()
-    ORDER BY retry_at
+    SELECT c.org_id, c.key FROM circuits c
+    WHERE (c.state = 'open' AND c.retry_at <= now())
+       OR (c.state = 'half_open'
+           AND c.updated_at < now() - make_interval(secs => c.cooldown_seconds)
+           AND NOT EXISTS (
+               SELECT 1 FROM steps st
+               WHERE st.org_id = c.org_id AND st.run_id = c.probe_run_id
+                 AND st.seq = c.probe_seq AND st.status IN ('ready', 'running')))
+    ORDER BY c.retry_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
