@@ -66,6 +66,8 @@ class Settings:
     )
     #: JSON overrides of lane policies (onward.lanes): {"slow": {"max_attempts": 2}, ...}
     lane_policy: str | None = None
+    #: how long a cost reservation counts without its call's charge (onward.budgets)
+    budget_lease_seconds: float = 120.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -87,6 +89,7 @@ class Settings:
             max_payload_bytes=_env_int("ONWARD_MAX_PAYLOAD_BYTES", 256 * 1024),
             signing_secret=os.environ.get("ONWARD_SIGNING_SECRET") or None,
             lane_policy=os.environ.get("ONWARD_LANE_POLICY") or None,
+            budget_lease_seconds=_env_float("ONWARD_BUDGET_LEASE_SECONDS", 120.0),
         )
         if os.environ.get("ONWARD_LANES"):
             s = replace(s, lanes=_lanes(os.environ["ONWARD_LANES"]))

@@ -51,6 +51,7 @@ class Integrations:
         self.timeout = timeout
         self.notify = notify
         self.token_secret: str | None = None  # signs approval tokens (Settings.signing_secret)
+        self.budget_lease = 120.0  # a cost reservation's lease (Settings.budget_lease_seconds)
 
     async def aclose(self) -> None:
         await self.client.aclose()

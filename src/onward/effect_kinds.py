@@ -57,11 +57,6 @@ class HttpParams(_Base):
     body: dict[str, Any] = Field(default_factory=dict)
 
 
-#: How long a cost reservation counts without its call's charge: a worker that dies between
-#: reserve and charge leaves one that stops counting after this (budgets.sql reserve).
-RESERVATION_LEASE_S = 120.0
-
-
 def _integrations(step: StepContext) -> Integrations:
     if not isinstance(step.integrations, Integrations):
         raise PermanentError(
@@ -141,7 +136,7 @@ async def _guarded(
     cost = connector.cost_estimate(params)
     automation = step.automation.id if step.automation else "*"
     budgeted = cost is not None and await budgets.reserve(
-        pool, org, automation, effect_key, cost=cost, lease=RESERVATION_LEASE_S
+        pool, org, automation, effect_key, cost=cost, lease=integ.budget_lease
     )
     try:
         limited = await limits.acquire(

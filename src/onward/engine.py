@@ -77,6 +77,7 @@ class Engine:
         self.effects = Effects(pool, lease_seconds=settings.lease_seconds)
         self.integrations = Integrations(pool, effects=self.effects)
         self.integrations.token_secret = settings.signing_secret
+        self.integrations.budget_lease = settings.budget_lease_seconds
 
     @classmethod
     @contextlib.asynccontextmanager
