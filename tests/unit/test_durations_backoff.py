@@ -106,3 +106,26 @@ def test_a_negative_retry_after_is_ignored() -> None:
     random.seed(5)
     d = retry_delay(2, base=1.0, cap=300.0, retry_after=-1.0)
     assert 0.0 <= d < 2.0
+
+
+def test_retries_after_an_outage_are_spread_not_synchronised() -> None:
+    """1,000 steps that failed together on their 4th attempt come back spread over the whole
+    jitter window [0, 8 s): roughly uniform (each eighth of the window holds 8-17 %), mean near
+    half the ceiling, and no two at the same instant."""
+    import random as stdlib_random
+    import statistics
+
+    rng = stdlib_random.Random(20261201)
+    delays = [
+        retry_delay(4, base=1.0, cap=300.0, jitter=lambda lo, hi: rng.uniform(lo, hi))
+        for _ in range(1000)
+    ]
+    ceiling = 8.0
+    assert all(0.0 <= d < ceiling for d in delays)
+    assert abs(statistics.mean(delays) - ceiling / 2) < 0.35
+    assert statistics.pstdev(delays) > ceiling * 0.25  # uniform on [0, 8): ~2.31
+    buckets = [0] * 8
+    for d in delays:
+        buckets[int(d)] += 1
+    assert all(80 <= b <= 170 for b in buckets), buckets
+    assert len({round(d, 6) for d in delays}) == len(delays)
