@@ -729,6 +729,7 @@ BENCHES = {
     "start": "onward.bench.start",
     "monday": "onward.bench.monday",
     "recompute": "onward.bench.recompute",
+    "lanes": "onward.bench.lanes",
 }
 
 
