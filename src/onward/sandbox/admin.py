@@ -1,9 +1,10 @@
 """A small synchronous client for the sandbox's ``/_admin`` endpoints.
 
-Used by tests and by the chaos runner to set faults, revoke accounts and read the ledger, and to
-play the people on the other side: click a button in a Slack approval message
-(:meth:`SandboxAdmin.click`), answer an email (:meth:`SandboxAdmin.reply`). The endpoints behind
-these are documented in :mod:`onward.sandbox.slack` and :mod:`onward.sandbox.email`.
+Used by tests and by the chaos runner to set faults, revoke accounts, read the ledger and the
+peak concurrency per account (:meth:`SandboxAdmin.concurrency`), and to play the people on the
+other side: click a button in a Slack approval message (:meth:`SandboxAdmin.click`), answer an
+email (:meth:`SandboxAdmin.reply`). The endpoints behind these are documented in
+:mod:`onward.sandbox.slack` and :mod:`onward.sandbox.email`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class SandboxAdmin:
             return False
 
     def reset(self) -> None:
-        """Forget everything: ledger, provider state, faults, revocations."""
+        """Forget everything: ledger, provider state, faults, revocations, concurrency peaks."""
         self._call("POST", "/_admin/reset")
 
     def faults(self, provider: str, **knobs: Any) -> dict[str, Any]:
@@ -61,6 +62,13 @@ class SandboxAdmin:
     def fault_state(self) -> dict[str, Any]:
         """Every provider's knobs, remaining script, and the revoked accounts."""
         result: dict[str, Any] = self._call("GET", "/_admin/faults")
+        return result
+
+    def concurrency(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Requests in progress per provider and account, now and at most since the last
+        reset (counted from arrival, injected latency included, to the answer):
+        ``{provider: {account: {"peak": n, "now": m}}}``."""
+        result: dict[str, dict[str, dict[str, int]]] = self._call("GET", "/_admin/concurrency")
         return result
 
     def revoke(self, provider: str, account: str) -> None:

@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from onward.sandbox import crm, email, model, payment, slack
 from onward.sandbox.common import PROVIDERS, Account
-from onward.sandbox.faults import FaultBoard, FaultInjector, FaultKnobs
+from onward.sandbox.faults import ConcurrencyMeter, FaultBoard, FaultInjector, FaultKnobs
 from onward.sandbox.ledger import Ledger
 
 
@@ -25,6 +25,7 @@ class World:
 
     ledger: Ledger = field(default_factory=Ledger)
     faults: FaultBoard = field(default_factory=FaultBoard)
+    concurrency: ConcurrencyMeter = field(default_factory=ConcurrencyMeter)
     email: email.EmailStore = field(default_factory=email.EmailStore)
     crm: crm.CrmStore = field(default_factory=crm.CrmStore)
     slack: slack.SlackStore = field(default_factory=slack.SlackStore)
@@ -32,6 +33,7 @@ class World:
     def reset(self) -> None:
         self.ledger.clear()
         self.faults.reset()
+        self.concurrency.reset()
         self.email.reset()
         self.crm.reset()
         self.slack.reset()
@@ -75,6 +77,13 @@ async def ledger(
         provider=provider, account=account, idempotency_key=idempotency_key
     )
     return {"entries": [e.to_json() for e in entries]}
+
+
+@admin.get("/concurrency")
+async def concurrency(world: WorldDep) -> dict[str, dict[str, dict[str, int]]]:
+    """Requests in progress per provider and account: ``{provider: {account: {"peak": n,
+    "now": m}}}``, the peak since the last reset (latency included)."""
+    return world.concurrency.snapshot()
 
 
 @admin.get("/faults")
@@ -121,7 +130,7 @@ class SandboxApp:
         self.api.include_router(email.admin_router)
         self.api.include_router(slack.admin_router)
         self.api.include_router(whoami)  # last: its /{provider}/me pattern must not shadow others
-        self._asgi = FaultInjector(self.api, self.world.faults)
+        self._asgi = FaultInjector(self.api, self.world.faults, self.world.concurrency)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(slack.RESPONSE_URL_PREFIX):

@@ -9,6 +9,11 @@ middleware, for one reason: to drop a connection *after* the work was done it ne
 ``send`` callable (Starlette's error middleware would wrap it and answer 500 instead). Order for
 every provider request: latency, auth (401 for a missing token or a revoked account), then the
 fault decision, then the route.
+
+It also measures (:class:`ConcurrencyMeter`): how many requests of each (provider, account)
+are in progress at once -- from the moment the request reaches the fault layer, through its
+injected latency and the route, until its handling ends -- and the peak since the last reset.
+That is what a provider would see of an engine's concurrency caps.
 """
 
 from __future__ import annotations
@@ -148,6 +153,44 @@ class FaultBoard:
         }
 
 
+class ConcurrencyMeter:
+    """Requests in progress per (provider, account), now and at most since the last reset.
+    Only touched from the event loop, so no locking."""
+
+    def __init__(self) -> None:
+        self._now: dict[tuple[str, str], int] = {}
+        self._peak: dict[tuple[str, str], int] = {}
+
+    def enter(self, provider: str, account: str) -> None:
+        key = (provider, account)
+        now = self._now.get(key, 0) + 1
+        self._now[key] = now
+        self._peak[key] = max(self._peak.get(key, 0), now)
+
+    def leave(self, provider: str, account: str) -> None:
+        key = (provider, account)
+        now = self._now.get(key, 0) - 1
+        if now > 0:
+            self._now[key] = now
+        else:
+            self._now.pop(key, None)
+
+    def reset(self) -> None:
+        """Forget the peaks: from now on a peak counts from the requests still in progress (a
+        request that began before the reset still ends after it)."""
+        self._peak = dict(self._now)
+
+    def snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
+        """``{provider: {account: {"peak": n, "now": m}}}`` for every pair seen since reset."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for (provider, account), peak in sorted(self._peak.items()):
+            out.setdefault(provider, {})[account] = {
+                "peak": peak,
+                "now": self._now.get((provider, account), 0),
+            }
+        return out
+
+
 def provider_of(path: str) -> str | None:
     """``/email/messages`` → ``email``; None for admin and unknown paths."""
     first = path.lstrip("/").split("/", 1)[0]
@@ -157,20 +200,35 @@ def provider_of(path: str) -> str | None:
 class FaultInjector:
     """ASGI wrapper that applies a provider's faults around the wrapped app."""
 
-    def __init__(self, app: ASGIApp, board: FaultBoard) -> None:
+    def __init__(
+        self, app: ASGIApp, board: FaultBoard, meter: ConcurrencyMeter | None = None
+    ) -> None:
         self.app = app
         self.board = board
+        self.meter = meter or ConcurrencyMeter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         provider = provider_of(scope["path"]) if scope["type"] == "http" else None
         if provider is None:
             await self.app(scope, receive, send)
             return
+        account = bearer_token(Headers(scope=scope).get("authorization"))
+        if account is None:  # nobody to count it for: answered 401 after the latency
+            await self._handle(provider, account, scope, receive, send)
+            return
+        self.meter.enter(provider, account)
+        try:
+            await self._handle(provider, account, scope, receive, send)
+        finally:
+            self.meter.leave(provider, account)
+
+    async def _handle(
+        self, provider: str, account: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         faults = self.board.providers[provider]
         if faults.knobs.latency_ms:
             await asyncio.sleep(faults.knobs.latency_ms / 1000)
 
-        account = bearer_token(Headers(scope=scope).get("authorization"))
         if account is None or self.board.is_revoked(provider, account):
             await _drain_request_body(receive)
             await _unauthorized(provider, account)(scope, receive, send)

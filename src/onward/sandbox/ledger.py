@@ -3,18 +3,28 @@
 Tests and the chaos runner read it to count effects: a message sent twice shows up as two
 entries, while an idempotent replay (same key, same account) appends nothing. That makes
 "exactly one email reached Maya" a checkable fact rather than a hope.
+
+Every entry carries when the work was done twice over: ``at`` (ISO 8601, milliseconds, for
+people) and ``ts`` (seconds since the epoch as a float, microseconds, for arithmetic: a test
+checking a provider-side rate slides a window over ``ts``).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import time
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
 
-from onward.sandbox.common import now_iso
+
+def iso_of(ts: float) -> str:
+    """``ts`` (epoch seconds) in ISO 8601 UTC with milliseconds and a ``Z``, like ``now_iso``."""
+    at = datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+    return at.replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,7 @@ class LedgerEntry:
     request: dict[str, Any]
     response_id: str | None
     at: str
+    ts: float  # time.time() when the work was recorded
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,6 +64,7 @@ class Ledger:
         response_id: str | None,
         metadata: dict[str, Any] | None = None,
     ) -> LedgerEntry:
+        now = time.time()
         entry = LedgerEntry(
             seq=next(self._seq),
             provider=provider,
@@ -63,7 +75,8 @@ class Ledger:
             metadata=copy.deepcopy(metadata or {}),
             request=copy.deepcopy(request),
             response_id=response_id,
-            at=now_iso(),
+            at=iso_of(now),
+            ts=now,
         )
         self._entries.append(entry)
         return entry
