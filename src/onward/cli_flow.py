@@ -76,8 +76,8 @@ def list_limits(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def set_limit(
     ctx: typer.Context,
     key: Annotated[str, typer.Argument(help="connection:<id>, provider:<name> or org")],
-    concurrent: Annotated[int | None, typer.Option("--concurrent", min=1)] = None,
-    calls: Annotated[int | None, typer.Option("--calls", min=1)] = None,
+    concurrent: Annotated[int | None, typer.Option("--concurrent")] = None,
+    calls: Annotated[int | None, typer.Option("--calls")] = None,
     per: Annotated[float | None, typer.Option("--per", help="seconds (with --calls)")] = None,
 ) -> None:
     """Cap the calls in progress at once and/or their rate (replacing what KEY had)."""
@@ -121,7 +121,7 @@ def list_circuits(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def set_circuit(
     ctx: typer.Context,
     key: Annotated[str, typer.Argument(help="connection:<id> or provider:<name>")],
-    threshold: Annotated[int, typer.Option("--threshold", min=1)] = 5,
+    threshold: Annotated[int, typer.Option("--threshold")] = 5,
     window: Annotated[float, typer.Option("--window", help="seconds")] = 30.0,
     cooldown: Annotated[float, typer.Option("--cooldown", help="seconds")] = 30.0,
 ) -> None:
@@ -157,8 +157,8 @@ def list_budgets(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def set_budget(
     ctx: typer.Context,
     scope: Annotated[str, typer.Argument(help="* for the organisation, or an automation id")],
-    usd: Annotated[float | None, typer.Option("--usd", min=0)] = None,
-    tokens: Annotated[float | None, typer.Option("--tokens", min=0)] = None,
+    usd: Annotated[float | None, typer.Option("--usd")] = None,
+    tokens: Annotated[float | None, typer.Option("--tokens")] = None,
 ) -> None:
     """A budget per day (UTC); the steps parked on budgets resume and check again."""
     if (usd is None) == (tokens is None):
@@ -171,10 +171,11 @@ def set_budget(
 def lanes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """The lanes this engine's workers serve: capacity, lease, retry policy."""
     from onward.cli import _print_json, _settings
-    from onward.lanes import policies
+    from onward.lanes import not_served, policies
 
     settings = _settings(ctx)
     got = policies(dict(settings.lanes), settings.lane_policy, lease_seconds=settings.lease_seconds)
+    ignored = not_served(dict(settings.lanes), settings.lane_policy)
     rows = [
         {
             "lane": name,
@@ -193,4 +194,8 @@ def lanes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         typer.echo(
             f"{r['lane']:<6} capacity {r['capacity']:>3}  lease {r['lease_seconds']:g}s  "
             f"{r['max_attempts']} attempts, backoff {r['base']:g}s..{r['cap']:g}s"
+        )
+    for name in ignored:
+        typer.echo(
+            f"{name:<6} not served here (ONWARD_LANE_POLICY tunes it; add it to ONWARD_LANES)"
         )

@@ -10,11 +10,14 @@ override it in its document (``lane: bulk``). Each lane has a :class:`LanePolicy
 * ``retry`` -- attempts and backoff (base, cap) for its steps, unless the kind or the step
   says otherwise (step > kind > lane). The slow lane retries little: every model call costs.
 
-The four lanes are built in (:data:`DEFAULTS`). ``ONWARD_LANES`` / ``--lanes`` sets the
-capacities a worker serves (``fast=64,io=16,bulk=4``: a new name adds a lane), and
-``ONWARD_LANE_POLICY`` (JSON) overrides any policy field per lane::
+The four lanes are built in (:data:`DEFAULTS`). ``ONWARD_LANES`` / ``--lanes`` names the lanes
+a worker serves and their capacities (``fast=64,io=16,bulk=4``: a new name adds a lane), and
+``ONWARD_LANE_POLICY`` (JSON) overrides any policy field per lane; every lane it names is
+checked (a misspelt one is refused), and one this worker does not serve is shown as such by
+``onward lanes``::
 
-    ONWARD_LANE_POLICY='{"slow": {"lease_seconds": 300, "max_attempts": 2}, "bulk": {"capacity": 4}}'
+    ONWARD_LANES=fast=64,io=32,slow=8,wait=64,bulk=4
+    ONWARD_LANE_POLICY='{"slow": {"lease_seconds": 300, "max_attempts": 2}, "bulk": {"max_attempts": 1}}'
 """
 
 from __future__ import annotations
@@ -65,38 +68,60 @@ def policies(
     default policy, the overrides (JSON or a dict) applied. ``lease_seconds``: the configured
     ``ONWARD_LEASE_SECONDS``, applied to every lane whose lease no override names when it
     differs from the default 30 s (tests shorten every lease at once)."""
-    raw = json.loads(overrides) if isinstance(overrides, str) and overrides.strip() else overrides
+    try:
+        raw = (
+            json.loads(overrides) if isinstance(overrides, str) and overrides.strip() else overrides
+        )
+    except ValueError as exc:
+        raise ConfigError(f"ONWARD_LANE_POLICY: not JSON: {exc}") from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError("ONWARD_LANE_POLICY: a JSON object {lane: {field: value}}")
     raw = raw or {}
     names = list(capacities) if capacities is not None else list(DEFAULTS)
-    names += [n for n in raw if n not in names and capacities is None]
+    # every override is checked, served or not (a misspelt lane is refused, not dropped); the
+    # lanes served are named by the capacities (ONWARD_LANES / --lanes), or all named here
+    # when none are given
+    checked = {name: _apply(name, DEFAULTS.get(name, NEW_LANE), raw) for name in raw}
+    if capacities is None:
+        names += [n for n in checked if n not in names]
     out: dict[str, LanePolicy] = {}
     for name in names:
-        check_name(name)
         policy = DEFAULTS.get(name, NEW_LANE)
         if lease_seconds is not None and lease_seconds != 30.0:
             policy = replace(policy, lease_seconds=lease_seconds)
         if capacities is not None and name in capacities:
             policy = replace(policy, capacity=capacities[name])
-        fields = raw.get(name) or {}
-        if not isinstance(fields, dict) or set(fields) - _FIELDS:
-            raise ConfigError(
-                f"ONWARD_LANE_POLICY: lane {name}: fields are {', '.join(sorted(_FIELDS))}"
-            )
-        try:
-            if "capacity" in fields:
-                policy = replace(policy, capacity=int(fields["capacity"]))
-            if "lease_seconds" in fields:
-                policy = replace(policy, lease_seconds=float(fields["lease_seconds"]))
-            retry = {k: fields[k] for k in ("max_attempts", "base", "cap") if k in fields}
-            if retry:
-                policy = replace(
-                    policy, retry=RetryPolicy.model_validate({**policy.retry.model_dump(), **retry})
-                )
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"ONWARD_LANE_POLICY: lane {name}: {exc}") from None
-        if policy.capacity < 1 or policy.lease_seconds <= 0:
-            raise ConfigError(f"lane {name}: capacity at least 1, lease more than 0 seconds")
-        out[name] = policy
+        out[name] = _apply(name, policy, raw)
     return out
+
+
+def not_served(capacities: dict[str, int], overrides: str | None) -> list[str]:
+    """Lanes ONWARD_LANE_POLICY tunes that these capacities do not serve (shown by
+    ``onward lanes``: a worker serving other lanes ignores them)."""
+    raw = json.loads(overrides) if overrides and overrides.strip() else {}
+    return sorted(n for n in raw if n not in capacities)
+
+
+def _apply(name: str, policy: LanePolicy, raw: dict[str, Any]) -> LanePolicy:
+    """``policy`` with the overrides ``raw`` gives for lane ``name``, checked."""
+    check_name(name)
+    fields = raw.get(name) or {}
+    if not isinstance(fields, dict) or set(fields) - _FIELDS:
+        raise ConfigError(
+            f"ONWARD_LANE_POLICY: lane {name}: fields are {', '.join(sorted(_FIELDS))}"
+        )
+    try:
+        if "capacity" in fields:
+            policy = replace(policy, capacity=int(fields["capacity"]))
+        if "lease_seconds" in fields:
+            policy = replace(policy, lease_seconds=float(fields["lease_seconds"]))
+        retry = {k: fields[k] for k in ("max_attempts", "base", "cap") if k in fields}
+        if retry:
+            policy = replace(
+                policy, retry=RetryPolicy.model_validate({**policy.retry.model_dump(), **retry})
+            )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"ONWARD_LANE_POLICY: lane {name}: {exc}") from None
+    if policy.capacity < 1 or policy.lease_seconds <= 0:
+        raise ConfigError(f"lane {name}: capacity at least 1, lease more than 0 seconds")
+    return policy

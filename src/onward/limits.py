@@ -2,15 +2,18 @@
 organisation from the rest of the engine, shared by every process through PostgreSQL.
 
 Keys: ``connection:<id>``, ``provider:<name>`` and ``org``. A key may have a concurrency cap
-(``max_concurrent``: calls in progress at once), a rate (``calls`` per ``per_seconds``, a
-sliding window), or both. ``onward.run_effect`` asks before every outside call
+(``max_concurrent``: calls in progress at once), a rate (``calls`` per ``per_seconds``, spaced
+evenly: one call every ``per_seconds / calls``, so the provider never sees a burst), or both. ``onward.run_effect`` asks before every outside call
 (:func:`acquire`): under an advisory lock per key, in key order, it takes a slot and counts the
-call, or -- when a cap is full or a window is spent -- takes nothing and raises
+call, or -- when a cap is full or the rate's next instant has not come -- takes nothing and raises
 :class:`~onward.errors.Deferred` with how long to wait. The worker then makes the step ready
 again at that instant (``leases.sql settle_defer``) with no attempt spent: a step never waits
 for a limit while it holds a lease.
 
-A slot counts while its step is still running at the attempt that took it with a live lease:
+A step held back by the rate books the rate's next instant (``limit_bookings``) and comes back
+then to take it: first come, first served, and the waiting steps do not all wake at every free
+instant. A slot counts while its step is still running at the attempt that took it with a live
+lease:
 a worker that dies frees its slots when its lease lapses, with nothing to clean up first. A
 call that finishes gives its slots back at once (:func:`release`).
 """
@@ -21,7 +24,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from onward.db import Pool
+from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import Deferred, InvalidInput
 
@@ -62,45 +65,84 @@ async def acquire(
         rows = await (await conn.execute(Q.of_keys, {"org_id": org_id, "keys": keys})).fetchall()
         if not rows:
             return False
+        deferred: Deferred | None = None
         async with conn.transaction():
             for row in rows:  # key order: every process locks keys in the same order
-                args: dict[str, Any] = {"org_id": org_id, "key": row["key"]}
-                await conn.execute(Q.lock_key, args)
-                if row["max_concurrent"] is not None:
-                    got = await (
-                        await conn.execute(
-                            Q.take_slot,
-                            {
-                                **args,
-                                "run_id": run_id,
-                                "seq": seq,
-                                "attempt": attempt,
-                                "max": row["max_concurrent"],
-                            },
+                await conn.execute(Q.lock_key, {"org_id": org_id, "key": row["key"]})
+            # rates first: a step held back by one books its instant, and that booking must
+            # commit; no slot is taken before every rate has let the call go
+            for row in rows:
+                if row["calls"] is not None and deferred is None:
+                    try:
+                        await _rate(
+                            conn, {"org_id": org_id, "key": row["key"]}, row, run_id=run_id, seq=seq
                         )
-                    ).fetchone()
-                    if not (got and got["taken"]):
-                        raise Deferred(
-                            random.uniform(*CAP_RETRY_S),
-                            f"{row['key']}: {row['max_concurrent']} call(s) in progress already",
-                            key=row["key"],
-                        )
-                if row["calls"] is not None:
-                    got = await (
-                        await conn.execute(
-                            Q.take_call,
-                            {**args, "calls": row["calls"], "per": row["per_seconds"]},
-                        )
-                    ).fetchone()
-                    if not (got and got["taken"]):
-                        wait = float(got["wait_s"] if got else row["per_seconds"])
-                        raise Deferred(
-                            wait + 0.001,
-                            f"{row['key']}: {row['calls']} call(s) per {row['per_seconds']:g}s "
-                            "used up",
-                            key=row["key"],
-                        )
+                    except Deferred as exc:
+                        deferred = exc
+            if deferred is None:
+                for row in rows:
+                    if row["max_concurrent"] is not None:
+                        await _slot(conn, org_id, row, run_id=run_id, seq=seq, attempt=attempt)
+        if deferred is not None:
+            raise deferred
     return True
+
+
+async def _slot(
+    conn: Conn, org_id: str, row: dict[str, Any], *, run_id: str, seq: int, attempt: int
+) -> None:
+    """Take a slot under the cap, or ``Deferred`` -- which rolls back the whole transaction:
+    the slots taken for other keys, and the rate's instants this call used (a booking it used
+    is back, so the step goes at once when a slot frees)."""
+    got = await (
+        await conn.execute(
+            Q.take_slot,
+            {
+                "org_id": org_id,
+                "key": row["key"],
+                "run_id": run_id,
+                "seq": seq,
+                "attempt": attempt,
+                "max": row["max_concurrent"],
+            },
+        )
+    ).fetchone()
+    if not (got and got["taken"]):
+        raise Deferred(
+            random.uniform(*CAP_RETRY_S),
+            f"{row['key']}: {row['max_concurrent']} call(s) in progress already",
+            key=row["key"],
+        )
+
+
+#: A booked instant this close is taken now (the claim that brought the step back was that late).
+BOOKING_SLACK_S = 0.005
+
+
+async def _rate(
+    conn: Conn, args: dict[str, Any], row: dict[str, Any], *, run_id: str, seq: int
+) -> None:
+    """The call goes now if the rate allows it or its booked instant has come; else the step
+    books the rate's next instant (or keeps its booking) and is deferred until then."""
+    step = {**args, "run_id": run_id, "seq": seq}
+    booked = await (await conn.execute(Q.booking, step)).fetchone()
+    if booked is not None:
+        if booked["wait_s"] <= BOOKING_SLACK_S:
+            await conn.execute(Q.use_booking, step)
+            return
+        wait = float(booked["wait_s"])
+    else:
+        got = await (await conn.execute(Q.take_call, args)).fetchone()
+        if got is None or got["wait_s"] <= BOOKING_SLACK_S:
+            return
+        await conn.execute(Q.book, {**step, "slot_at": got["slot_at"]})
+        wait = float(got["wait_s"])
+    raise Deferred(
+        wait,
+        f"{row['key']}: {row['calls']} call(s) per {row['per_seconds']:g}s: "
+        f"its turn in {wait:.3f}s",
+        key=row["key"],
+    )
 
 
 async def release(pool: Pool, org_id: str, *, run_id: str, seq: int, attempt: int) -> None:

@@ -1,7 +1,7 @@
--- Limits by key (R5): a concurrency cap and a rate (calls per interval) for a connection, a
--- provider or an organisation, shared by every process through PostgreSQL. Each key's checks
--- run under a transaction-scoped advisory lock keyed by it, so two processes never both take
--- the last slot or the last call of a window.
+-- Limits by key (R5): a concurrency cap and a rate (calls per interval, spaced evenly) for a
+-- connection, a provider or an organisation, shared by every process through PostgreSQL. Each
+-- key's checks run under a transaction-scoped advisory lock keyed by it, so two processes
+-- never both take the last slot or the same instant of the rate.
 
 -- name: of_keys
 -- The limits set for these keys (none: nothing to enforce, nothing to lock).
@@ -42,29 +42,34 @@ ins AS (
 )
 SELECT EXISTS (SELECT 1 FROM ins) AS taken, (SELECT n FROM live) AS in_use;
 
+-- name: booking
+-- This step's booked instant under a rate, if it has one (it was held back before).
+SELECT slot_at, extract(epoch FROM slot_at - clock_timestamp())::float8 AS wait_s
+FROM limit_bookings
+WHERE org_id = %(org_id)s AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s;
+
+-- name: use_booking
+-- The booked instant came: the call goes (its place in the rate was taken when it booked).
+DELETE FROM limit_bookings
+WHERE org_id = %(org_id)s AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s;
+
 -- name: take_call
--- Count a call in the key's sliding window if fewer than %(calls)s fall in the last
--- %(per)s seconds (by the database's clock). Otherwise answers how long until the oldest call
--- of the window leaves it: the caller's step waits that long, outside any lease.
-WITH pruned AS (
-    DELETE FROM limit_calls
-    WHERE org_id = %(org_id)s AND key = %(key)s
-      AND at <= clock_timestamp() - make_interval(secs => %(per)s)
-),
-window_ AS (
-    SELECT count(*) AS n, min(at) AS oldest FROM limit_calls
-    WHERE org_id = %(org_id)s AND key = %(key)s
-      AND at > clock_timestamp() - make_interval(secs => %(per)s)
-),
-ins AS (
-    INSERT INTO limit_calls (org_id, key)
-    SELECT %(org_id)s, %(key)s FROM window_ WHERE window_.n < %(calls)s
-    RETURNING at
-)
-SELECT EXISTS (SELECT 1 FROM ins) AS taken,
-       greatest(0.0, extract(epoch FROM (SELECT oldest FROM window_)
-                                       + make_interval(secs => %(per)s) - clock_timestamp()))::float8
-           AS wait_s;
+-- The rate's next instant (by the database's clock): now if the rate allows a call now, else
+-- next_at. Either way the one after it moves one interval on (per_seconds / calls), so calls
+-- are spaced evenly and never come in bursts. Answers the instant and how far away it is.
+UPDATE limits
+SET next_at = greatest(coalesce(next_at, clock_timestamp()), clock_timestamp())
+              + make_interval(secs => per_seconds / calls)
+WHERE org_id = %(org_id)s AND key = %(key)s AND calls IS NOT NULL
+RETURNING next_at - make_interval(secs => per_seconds / calls) AS slot_at,
+          extract(epoch FROM next_at - make_interval(secs => per_seconds / calls)
+                         - clock_timestamp())::float8 AS wait_s;
+
+-- name: book
+-- Held back: the step's instant under the rate, for when it comes back.
+INSERT INTO limit_bookings (org_id, key, run_id, seq, slot_at)
+VALUES (%(org_id)s, %(key)s, %(run_id)s, %(seq)s, %(slot_at)s)
+ON CONFLICT (org_id, key, run_id, seq) DO UPDATE SET slot_at = EXCLUDED.slot_at;
 
 -- name: release_slots
 -- The call is over: give its slots back at once (a lapsed lease would free them later).

@@ -196,12 +196,13 @@ CREATE TABLE leader_leases (
     CONSTRAINT leader_leases_pkey PRIMARY KEY (org_id, name)
 );
 
-CREATE TABLE limit_calls (
+CREATE TABLE limit_bookings (
     org_id text NOT NULL,
     key text NOT NULL,
-    call_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
-    at timestamp with time zone NOT NULL DEFAULT clock_timestamp(),
-    CONSTRAINT limit_calls_pkey PRIMARY KEY (org_id, key, at, call_id)
+    run_id text NOT NULL,
+    seq integer NOT NULL,
+    slot_at timestamp with time zone NOT NULL,
+    CONSTRAINT limit_bookings_pkey PRIMARY KEY (org_id, key, run_id, seq)
 );
 
 CREATE TABLE limit_slots (
@@ -220,6 +221,7 @@ CREATE TABLE limits (
     max_concurrent integer,
     calls integer,
     per_seconds double precision,
+    next_at timestamp with time zone,
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT limits_calls_check CHECK ((calls >= 1)),
     CONSTRAINT limits_check CHECK (((calls IS NULL) = (per_seconds IS NULL))),

@@ -13,13 +13,16 @@ ALTER TABLE steps ADD CONSTRAINT steps_wait_kind_check CHECK (wait_kind IN (
 ));
 
 -- Limits by key: 'connection:<id>', 'provider:<name>' or 'org'. A concurrency cap, a rate
--- (calls per interval), or both. Enforced around outside calls, across every process.
+-- (calls per interval, spaced evenly: one call every per_seconds / calls), or both. Enforced
+-- around outside calls, across every process. next_at: the earliest instant the rate lets the
+-- next unbooked call go.
 CREATE TABLE limits (
     org_id         text NOT NULL,
     key            text NOT NULL,
     max_concurrent integer CHECK (max_concurrent >= 1),
     calls          integer CHECK (calls >= 1),
     per_seconds    double precision CHECK (per_seconds > 0),
+    next_at        timestamptz,
     updated_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, key),
     CHECK ((calls IS NULL) = (per_seconds IS NULL))
@@ -38,13 +41,15 @@ CREATE TABLE limit_slots (
     PRIMARY KEY (org_id, key, run_id, seq)
 );
 
--- The calls of a rate limit's sliding window (older ones are pruned as new ones come).
-CREATE TABLE limit_calls (
+-- A step held back by a rate books the next free instant: when it comes back at that instant
+-- it goes (first come, first served, no stampede of waiting steps at every free instant).
+CREATE TABLE limit_bookings (
     org_id  text NOT NULL,
     key     text NOT NULL,
-    call_id bigint GENERATED ALWAYS AS IDENTITY,
-    at      timestamptz NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (org_id, key, at, call_id)
+    run_id  text NOT NULL,
+    seq     integer NOT NULL,
+    slot_at timestamptz NOT NULL,
+    PRIMARY KEY (org_id, key, run_id, seq)
 );
 
 -- A circuit breaker per key ('provider:<name>' or 'connection:<id>'). Closed: calls go
