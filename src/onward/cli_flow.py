@@ -176,16 +176,18 @@ def lanes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     settings = _settings(ctx)
     got = policies(dict(settings.lanes), settings.lane_policy, lease_seconds=settings.lease_seconds)
     ignored = not_served(dict(settings.lanes), settings.lane_policy)
+    tuned = policies(None, settings.lane_policy, lease_seconds=settings.lease_seconds)
     rows = [
         {
             "lane": name,
+            "served": name in got,
             "capacity": p.capacity,
             "lease_seconds": p.lease_seconds,
             "max_attempts": p.retry.max_attempts,
             "base": p.retry.base,
             "cap": p.retry.cap,
         }
-        for name, p in got.items()
+        for name, p in [*got.items(), *((n, tuned[n]) for n in ignored)]
     ]
     if as_json:
         _print_json(rows)

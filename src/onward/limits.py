@@ -122,17 +122,20 @@ BOOKING_SLACK_S = 0.005
 async def _rate(
     conn: Conn, args: dict[str, Any], row: dict[str, Any], *, run_id: str, seq: int
 ) -> None:
-    """The call goes now if the rate allows it or its booked instant has come; else the step
-    books the rate's next instant (or keeps its booking) and is deferred until then."""
-    step = {**args, "run_id": run_id, "seq": seq}
+    """The call goes now if the rate allows it, or if its booked instant has come and no call
+    went less than an interval ago; else the step books the rate's next instant (or keeps its
+    booking) and is deferred until then."""
+    step = {**args, "run_id": run_id, "seq": seq, "slack": BOOKING_SLACK_S}
     booked = await (await conn.execute(Q.booking, step)).fetchone()
-    if booked is not None:
-        if booked["wait_s"] <= BOOKING_SLACK_S:
-            await conn.execute(Q.use_booking, step)
-            return
+    if booked is not None and booked["wait_s"] > BOOKING_SLACK_S:
         wait = float(booked["wait_s"])
+    elif booked is not None:
+        got = await (await conn.execute(Q.use_booking, step)).fetchone()
+        if got is None or got["went"]:
+            return
+        wait = max(float(got["wait_s"] or 0.0), BOOKING_SLACK_S)
     else:
-        got = await (await conn.execute(Q.take_call, args)).fetchone()
+        got = await (await conn.execute(Q.take_call, {**args, "slack": BOOKING_SLACK_S})).fetchone()
         if got is None or got["wait_s"] <= BOOKING_SLACK_S:
             return
         await conn.execute(Q.book, {**step, "slot_at": got["slot_at"]})

@@ -49,17 +49,37 @@ FROM limit_bookings
 WHERE org_id = %(org_id)s AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s;
 
 -- name: use_booking
--- The booked instant came: the call goes (its place in the rate was taken when it booked).
-DELETE FROM limit_bookings
-WHERE org_id = %(org_id)s AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s;
+-- The step's booked instant came: it goes if no call went less than an interval ago (a booked
+-- step that came back late does not crowd the one before it); answers whether it went, and
+-- otherwise how long until it may.
+WITH went AS (
+    UPDATE limits SET last_at = clock_timestamp()
+    WHERE org_id = %(org_id)s AND key = %(key)s
+      AND coalesce(last_at, '-infinity') + make_interval(secs => per_seconds / calls)
+          <= clock_timestamp() + make_interval(secs => %(slack)s)
+    RETURNING 1
+),
+used AS (
+    DELETE FROM limit_bookings
+    WHERE org_id = %(org_id)s AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s
+      AND EXISTS (SELECT 1 FROM went)
+)
+SELECT EXISTS (SELECT 1 FROM went) AS went,
+       extract(epoch FROM last_at + make_interval(secs => per_seconds / calls)
+                          - clock_timestamp())::float8 AS wait_s
+FROM limits WHERE org_id = %(org_id)s AND key = %(key)s;
 
 -- name: take_call
 -- The rate's next instant (by the database's clock): now if the rate allows a call now, else
 -- next_at. Either way the one after it moves one interval on (per_seconds / calls), so calls
--- are spaced evenly and never come in bursts. Answers the instant and how far away it is.
+-- are spaced evenly and never come in bursts; a call that goes now is the last one (last_at).
+-- Answers the instant and how far away it is.
 UPDATE limits
 SET next_at = greatest(coalesce(next_at, clock_timestamp()), clock_timestamp())
-              + make_interval(secs => per_seconds / calls)
+              + make_interval(secs => per_seconds / calls),
+    last_at = CASE WHEN coalesce(next_at, '-infinity')
+                        <= clock_timestamp() + make_interval(secs => %(slack)s)
+                   THEN clock_timestamp() ELSE last_at END
 WHERE org_id = %(org_id)s AND key = %(key)s AND calls IS NOT NULL
 RETURNING next_at - make_interval(secs => per_seconds / calls) AS slot_at,
           extract(epoch FROM next_at - make_interval(secs => per_seconds / calls)

@@ -295,11 +295,11 @@ def test_cli_a_policy_for_a_lane_not_served_is_not_silently_dropped(db_url: str)
     for lane in ("bulk", "slwo"):
         env = {"ONWARD_LANE_POLICY": json.dumps({lane: {"capacity": 4}})}
         result = run_onward(db_url, "lanes", "--json", env=env)
-        if result.returncode == 0:
-            shown = {r["lane"]: r["capacity"] for r in json.loads(result.stdout)}
-            assert shown.get(lane) == 4, f"ONWARD_LANE_POLICY for {lane} ignored: {shown}"
-        else:
-            refused(result, lane)
+        assert result.returncode == 0, result.stderr
+        shown = {r["lane"]: (r["capacity"], r["served"]) for r in json.loads(result.stdout)}
+        # shown, tuned, and marked as not served by these lanes (ONWARD_LANES names them)
+        assert shown.get(lane) == (4, False), f"ONWARD_LANE_POLICY for {lane} ignored: {shown}"
+        assert shown["io"] == (32, True)
 
 
 # -- HTTP ----------------------------------------------------------------------------------------

@@ -222,6 +222,7 @@ CREATE TABLE limits (
     calls integer,
     per_seconds double precision,
     next_at timestamp with time zone,
+    last_at timestamp with time zone,
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT limits_calls_check CHECK ((calls >= 1)),
     CONSTRAINT limits_check CHECK (((calls IS NULL) = (per_seconds IS NULL))),

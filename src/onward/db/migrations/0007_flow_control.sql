@@ -15,7 +15,8 @@ ALTER TABLE steps ADD CONSTRAINT steps_wait_kind_check CHECK (wait_kind IN (
 -- Limits by key: 'connection:<id>', 'provider:<name>' or 'org'. A concurrency cap, a rate
 -- (calls per interval, spaced evenly: one call every per_seconds / calls), or both. Enforced
 -- around outside calls, across every process. next_at: the earliest instant the rate lets the
--- next unbooked call go.
+-- next unbooked call go; last_at: when the last call went (no call goes sooner than an
+-- interval after it, even a booked one that came back late).
 CREATE TABLE limits (
     org_id         text NOT NULL,
     key            text NOT NULL,
@@ -23,6 +24,7 @@ CREATE TABLE limits (
     calls          integer CHECK (calls >= 1),
     per_seconds    double precision CHECK (per_seconds > 0),
     next_at        timestamptz,
+    last_at        timestamptz,
     updated_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, key),
     CHECK ((calls IS NULL) = (per_seconds IS NULL))
