@@ -171,24 +171,12 @@ def set_budget(
 def lanes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """The lanes this engine's workers serve: capacity, lease, retry policy."""
     from onward.cli import _print_json, _settings
-    from onward.lanes import not_served, policies
+    from onward.lanes import describe
 
     settings = _settings(ctx)
-    got = policies(dict(settings.lanes), settings.lane_policy, lease_seconds=settings.lease_seconds)
-    ignored = not_served(dict(settings.lanes), settings.lane_policy)
-    tuned = policies(None, settings.lane_policy, lease_seconds=settings.lease_seconds)
-    rows = [
-        {
-            "lane": name,
-            "served": name in got,
-            "capacity": p.capacity,
-            "lease_seconds": p.lease_seconds,
-            "max_attempts": p.retry.max_attempts,
-            "base": p.retry.base,
-            "cap": p.retry.cap,
-        }
-        for name, p in [*got.items(), *((n, tuned[n]) for n in ignored)]
-    ]
+    rows = describe(
+        dict(settings.lanes), settings.lane_policy, lease_seconds=settings.lease_seconds
+    )
     if as_json:
         _print_json(rows)
         return
@@ -196,8 +184,5 @@ def lanes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         typer.echo(
             f"{r['lane']:<6} capacity {r['capacity']:>3}  lease {r['lease_seconds']:g}s  "
             f"{r['max_attempts']} attempts, backoff {r['base']:g}s..{r['cap']:g}s"
-        )
-    for name in ignored:
-        typer.echo(
-            f"{name:<6} not served here (ONWARD_LANE_POLICY tunes it; add it to ONWARD_LANES)"
+            + ("" if r["served"] else "  NOT SERVED here (add it to ONWARD_LANES / --lanes)")
         )

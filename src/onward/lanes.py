@@ -125,3 +125,25 @@ def _apply(name: str, policy: LanePolicy, raw: dict[str, Any]) -> LanePolicy:
     if policy.capacity < 1 or policy.lease_seconds <= 0:
         raise ConfigError(f"lane {name}: capacity at least 1, lease more than 0 seconds")
     return policy
+
+
+def describe(
+    capacities: dict[str, int], overrides: str | None, *, lease_seconds: float | None = None
+) -> list[dict[str, Any]]:
+    """The lanes served (and those ``overrides`` tunes but these capacities do not serve, with
+    ``served: false``), as ``onward lanes`` and ``GET /v1/lanes`` show them."""
+    served = policies(capacities, overrides, lease_seconds=lease_seconds)
+    tuned = policies(None, overrides, lease_seconds=lease_seconds)
+    shown = [*served.items(), *((n, tuned[n]) for n in not_served(capacities, overrides))]
+    return [
+        {
+            "lane": name,
+            "served": name in served,
+            "capacity": p.capacity,
+            "lease_seconds": p.lease_seconds,
+            "max_attempts": p.retry.max_attempts,
+            "base": p.retry.base,
+            "cap": p.retry.cap,
+        }
+        for name, p in shown
+    ]

@@ -28,14 +28,14 @@ from onward.testing import eventually, run_onward
 from onward.testing.kinds import SLEEP_KIND
 
 DEFAULT_LANES = [
-    {"lane": "fast", "capacity": 64, "lease_seconds": 30.0, "max_attempts": 5, "base": 0.5,
-     "cap": 30.0},
-    {"lane": "io", "capacity": 32, "lease_seconds": 30.0, "max_attempts": 5, "base": 1.0,
-     "cap": 300.0},
-    {"lane": "slow", "capacity": 8, "lease_seconds": 120.0, "max_attempts": 2, "base": 10.0,
-     "cap": 300.0},
-    {"lane": "wait", "capacity": 64, "lease_seconds": 30.0, "max_attempts": 5, "base": 1.0,
-     "cap": 300.0},
+    {"lane": name, "served": True, "capacity": capacity, "lease_seconds": lease,
+     "max_attempts": attempts, "base": base, "cap": cap}
+    for name, capacity, lease, attempts, base, cap in (
+        ("fast", 64, 30.0, 5, 0.5, 30.0),
+        ("io", 32, 30.0, 5, 1.0, 300.0),
+        ("slow", 8, 120.0, 2, 10.0, 300.0),
+        ("wait", 64, 30.0, 5, 1.0, 300.0),
+    )
 ]  # fmt: skip
 
 
@@ -233,7 +233,7 @@ def test_cli_lanes_show_what_onward_lanes_and_onward_lane_policy_configure(db_ur
     # ONWARD_LANES: the lanes served and their capacity; a new name is a new lane
     assert cli_json(db_url, "lanes", env={"ONWARD_LANES": "io=3,bulk=2"}) == [
         {**DEFAULT_LANES[1], "capacity": 3},
-        {"lane": "bulk", "capacity": 2, "lease_seconds": 30.0, "max_attempts": 5, "base": 1.0,
+        {"lane": "bulk", "served": True, "capacity": 2, "lease_seconds": 30.0, "max_attempts": 5, "base": 1.0,
          "cap": 300.0},
     ]  # fmt: skip
     # ONWARD_LANE_POLICY: any field of any lane, the others keep their defaults
@@ -447,7 +447,7 @@ async def test_http_lanes_show_what_onward_lanes_and_onward_lane_policy_configur
         assert lanes.status_code == 200
         assert lanes.json() == [
             {**DEFAULT_LANES[1], "capacity": 3},
-            {"lane": "bulk", "capacity": 2, "lease_seconds": 90.0, "max_attempts": 1,
+            {"lane": "bulk", "served": True, "capacity": 2, "lease_seconds": 90.0, "max_attempts": 1,
              "base": 1.0, "cap": 300.0},
         ]  # fmt: skip
         # the same lanes the command line shows with that environment

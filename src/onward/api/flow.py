@@ -77,6 +77,7 @@ class BudgetView(BaseModel):
 
 class LaneView(BaseModel):
     lane: str
+    served: bool = Field(description="false: ONWARD_LANE_POLICY tunes it, ONWARD_LANES omits it")
     capacity: int
     lease_seconds: float
     max_attempts: int
@@ -151,16 +152,11 @@ def router() -> APIRouter:
     @routes.get("/v1/lanes", response_model=list[LaneView])
     async def list_lanes(org: OrgDep) -> Any:
         """The lane policies this engine's workers serve."""
-        return [
-            LaneView(
-                lane=name,
-                capacity=p.capacity,
-                lease_seconds=p.lease_seconds,
-                max_attempts=p.retry.max_attempts,
-                base=p.retry.base,
-                cap=p.retry.cap,
-            )
-            for name, p in org.engine.lanes().items()
-        ]
+        from onward.lanes import describe
+
+        settings = org.engine.settings
+        return describe(
+            dict(settings.lanes), settings.lane_policy, lease_seconds=settings.lease_seconds
+        )
 
     return routes
