@@ -2,7 +2,9 @@
 park the steps that need it instead of burning their retries.
 
 One row per key (``provider:<name>``, ``connection:<id>``) in PostgreSQL, so every process
-sees the same state:
+sees the same state. A key has a breaker once it is configured (:func:`configure`, ``onward
+circuits set``, ``PUT /v1/circuits/{key}``): failures under other keys are not counted, so a
+provider's occasional 5xx never parks runs unless someone asked for a breaker there.
 
 * **closed** -- calls go through; a failure that says the provider is unwell (a 5xx, a
   timeout, a dropped connection: ``RetryableError`` but not ``RateLimited``, or
@@ -73,12 +75,12 @@ async def admit(pool: Pool, org_id: str, keys: list[str], *, run_id: str, seq: i
 async def failed(
     pool: Pool, org_id: str, keys: list[str], *, run_id: str, seq: int, worker: str
 ) -> list[str]:
-    """Count a failure under ``keys``; returns the keys whose circuit this failure opened."""
+    """Count a failure under the configured circuits of ``keys``; returns the keys whose
+    circuit this failure opened."""
     opened: list[str] = []
     async with pool.connection() as conn:
         for key in keys:
             args = {"org_id": org_id, "key": key}
-            await conn.execute(Q.ensure, args)
             row = await (
                 await conn.execute(Q.fail, {**args, "run_id": run_id, "seq": seq, "worker": worker})
             ).fetchone()

@@ -16,13 +16,9 @@ WHERE org_id = %(org_id)s AND key = %(key)s AND state = 'half_open'
   AND (probe_run_id IS NULL OR (probe_run_id = %(run_id)s AND probe_seq = %(seq)s))
 RETURNING key;
 
--- name: ensure
--- A key's circuit, closed, if it has none yet (its first failure).
-INSERT INTO circuits (org_id, key) VALUES (%(org_id)s, %(key)s)
-ON CONFLICT (org_id, key) DO NOTHING;
-
 -- name: fail
--- Count a failure of a call under this key, in the circuit's window (a new window when the
+-- Count a failure of a call under this key (if it has a circuit: configured), in the circuit's
+-- window (a new window when the
 -- last one ended). The threshold reached in a closed circuit, or any failure of a half-open
 -- circuit (its probe failed), opens it until now + cool-down, with a history row on the run
 -- whose failure opened it. Answers the state after, and whether this failure opened it.
