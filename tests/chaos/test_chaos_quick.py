@@ -4,11 +4,14 @@ killed with SIGKILL at every crash point a process can reach (plus random points
 moments), with random database connections terminated, a worker paused (SIGSTOP) past its lease
 and woken, every wake delivered twice and out of order, and the sweeper's clock five minutes
 fast -- while people click Approve in Slack (two approvers at once, Slack retries and replays)
-and answer the emails (every reply delivered twice; early, late, or never). It fails if any
-figure is wrong: a run lost or unfinished, a transition, a decision or a signal applied twice,
-a step not following its decision or its signal, a duplicate effect at any provider, a
-completed run without its provider work, a process dying in a way nobody planned, a lease
-taken before it lapsed, or a crash point never reached."""
+and answer the emails (every reply delivered twice; early, late, or never) -- and while the CRM
+fails in bursts that open, probe and close its circuit, and drafts park on a budget in tokens
+until the runner raises it. It fails if any figure is wrong: a run lost or unfinished, a
+transition, a decision or a signal applied twice, a step not following its decision or its
+signal, a duplicate effect at any provider, a completed run without its provider work or a
+draft without its charge, a run left parked on a circuit or a budget, a process dying in a
+way nobody planned, a lease taken before it lapsed, or a crash point never reached -- the
+circuits' and the budget's included."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from onward.chaos import run_chaos
-from onward.chaos.runner import UNREACHABLE
+from onward.chaos.runner import CIRCUIT_POINTS, LEADER_POINTS, UNREACHABLE
 from onward.chaos.scenario import charges
 from onward.config import Settings
 from onward.crashpoints import POINTS
@@ -78,6 +81,13 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     assert report.scheduled_firings > 0 and report.scheduled_gaps == 0
     assert report.ledger["crm"] >= report.completed
     assert report.ledger["email"] <= report.ledger["crm"]  # rejected runs send nothing
+    # flow control: circuits opened, were probed and closed, and every step parked on one
+    # resumed; drafts parked on the budget resumed when it was raised, each charged once
+    assert report.bursts > 0 and report.circuits_opened > 0 and report.circuits_closed > 0
+    assert report.circuit_probes > 0 and report.circuit_parks > 0 and report.circuit_resumed > 0
+    assert report.budget_parks > 0 and report.budget_raises > 0 and report.budget_resumed > 0
+    assert report.budget_charges == report.ledger["model"] - report.model_repeats
+    assert report.budget_missing_charges == 0 and report.budget_reservations_left == 0
     # the fence and the lease held, with the sweeper's clock skewed
     assert report.leases_taken_early == 0
     # the kills really happened, at every point a process can reach
@@ -86,6 +96,9 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     assert set(report.expected_kills) == reachable
     never = sorted(p for p in reachable if report.kills.get(p, 0) == 0)
     assert never == [], f"crash points never reached: {never}"
+    assert "circuit.after_half_open" in LEADER_POINTS  # the elected sweeper half-opens
+    flow_points = {*CIRCUIT_POINTS, "budget.after_reserve"}
+    assert {p: report.kills.get(p, 0) > 0 for p in flow_points} == dict.fromkeys(flow_points, True)
     assert report.external_kills >= 2
     assert report.pauses >= 1  # a worker SIGSTOPped past its lease, then woken: fenced
     assert report.db_connections_terminated > 0

@@ -19,6 +19,18 @@ Processes (each with its own ``application_name``):
   replies (``/v1/inbound/email``). It is the process killed at ``approval.after_decide`` and
   ``signal.after_claim``: a click or a delivery whose answer is lost is simply sent again.
 
+Flow control (R5, ``scenario.configure_flow_control``): every connection has a circuit breaker
+with a low threshold and a short cool-down, and the automation a budget in tokens that fits a
+few drafts. The runner makes the CRM answer 503 in bursts (``scenario.burst_knobs``) -- some at
+random moments, and every few seconds while a process is armed at a circuit's crash point --
+so its circuit opens (``circuit.after_open``, in the worker whose failure opened it), the
+elected sweeper half-opens it (``circuit.after_half_open``), a probe fails (it opens again)
+and the next succeeds (``circuit.before_close``, in the probe's worker); and it raises the
+budget whenever drafts are parked on it (every draft reserves its maximum cost first:
+``budget.after_reserve``). The workers' reservations have a short lease
+(``scenario.BUDGET_LEASE_S``), so a kill's reservation stops counting soon. A run parked on a
+circuit or a budget is in flight, not finished.
+
 The people (a thread of the runner, :class:`_People`) act through the sandbox as the scenario
 says (``scenario.decision``, ``scenario.reply``): they click in every approval message once it is
 posted (two approvers at once on some runs, Slack retries and byte-for-byte replays on others),
@@ -33,7 +45,8 @@ everything (``--standby``), armed (``point@n``, exactly what ``ONWARD_CRASH_AT``
 next kill of a schedule that takes every crash point a process can reach ``kills_per_point``
 times (the first round at ``@1``, later ones at a random ``@2..4``), then random points at a
 random ``@n``. Once the schedule is empty, the kills still armed are armed in every worker
-slot, so the last runs cannot slip past them. Besides, the runner SIGKILLs random processes at
+slot, so the last runs cannot slip past them; a kill at a circuit's point in a worker is armed
+in every worker slot from the start (whichever worker makes the call is the one). Besides, the runner SIGKILLs random processes at
 random moments, pauses a worker with SIGSTOP past its leases and wakes it with SIGCONT, and a
 thread terminates random engine database connections (``pg_terminate_backend``) until the
 schedule is done. ``shutdown.before_release`` is reached by a graceful shutdown, so that
@@ -51,10 +64,12 @@ provider duplicates (sandbox ledger), decisions (by a person, by the deadline's 
 decision applied twice; any step whose decision is not its request's), replies (consumed,
 late, applied twice; any consumed signal its step did not take), scheduled firings (one run
 per instant, none missing between the first and the last, repeats acknowledged as
-duplicates), kills per point, unexpected exits, the doctor (R16). ``ok`` iff nothing was lost,
-every run finished or parked for review, nothing applied twice (transitions, decisions,
-signals), no decision or signal went astray, no idempotent provider did work twice and no
-scheduled firing went without its run.
+duplicates), flow control (circuits opened, probed and closed, steps parked on circuits and
+on the budget and resumed, the budget's raises and charges), kills per point, unexpected exits,
+the doctor (R16). ``ok`` iff nothing was lost, every run finished or parked for review (none
+left parked on a circuit or a budget), nothing applied twice (transitions, decisions,
+signals), no decision or signal went astray, no idempotent provider did work twice, no
+scheduled firing went without its run and no completed draft went uncharged.
 """
 
 from __future__ import annotations
@@ -86,13 +101,14 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
+from onward import budgets
 from onward.automations.versions import publish
 from onward.bench.db import scratch_database
 from onward.chaos import scenario
 from onward.chaos.faults import BackendKiller
 from onward.config import Settings
 from onward.crashpoints import POINTS
-from onward.db import resolve_url
+from onward.db import make_pool, resolve_url
 from onward.engine import TERMINAL, Engine
 from onward.sandbox import SandboxServer
 from onward.sandbox.admin import SandboxAdmin
@@ -105,20 +121,32 @@ from onward.testing.rows import (
     runs_without_way_forward,
     unfinished_runs,
 )
-from onward.testing.worker import worker_argv, worker_stats
+from onward.testing.worker import settings_to_json, worker_argv, worker_stats
 
 Out = Callable[[str], None]
 
 # Which process can reach each crash point. Points no process of the scenario reaches are
 # listed with the reason; any other (new) point is armed in worker processes.
 STARTER_POINTS = ("start.after_commit",)
-LEADER_POINTS = ("sweep.after_claim", "sweep.after_fire", "schedule.after_start")
+LEADER_POINTS = (
+    "sweep.after_claim",
+    "sweep.after_fire",
+    "schedule.after_start",
+    "circuit.after_half_open",
+)
 # Reached in the API process: a decision's transaction, a delivered reply consumed at once.
 # (``signal.after_claim`` is also reached by a worker's settle when a reply came before the
 # wait: the early replies; those kills come from the API's turn at it.)
 API_POINTS = ("approval.after_decide", "signal.after_claim")
 UNREACHABLE: dict[str, str] = {}
 SHUTDOWN_POINT = "shutdown.before_release"
+# Reached only while a circuit opens, half-opens or closes: the CRM fails in bursts while a
+# process is armed at one of them.
+CIRCUIT_POINTS = ("circuit.after_open", "circuit.after_half_open", "circuit.before_close")
+# ... in a worker: whichever makes the failing call or runs the probe (armed in every slot)
+SHARED_POINTS = ("circuit.after_open", "circuit.before_close")
+BURST_EVERY_S = 4.0  # at most one burst this often while a process is armed at one
+BUDGET_RAISE_EVERY_S = 1.0  # at most one raise of the budget this often
 ERROR_POINT = "worker.before_settle_error"
 CLOCK_SKEW = "+300"  # the leader's clock runs five minutes fast
 
@@ -239,6 +267,23 @@ class Report:
     signals_astray: int = 0  # consumed but not what its step took, or taken but not consumed
     outcomes: dict[str, int] = field(default_factory=dict)  # thank, unsubscribed, no_reply...
     people_errors: list[str] = field(default_factory=list)
+    # flow control (R5)
+    bursts: int = 0  # bursts of 503s the runner asked of the burst provider
+    circuits_opened: int = 0  # a closed circuit opened (history circuit_opened, was closed)
+    circuits_reopened: int = 0  # a half-open circuit's probe failed: open again
+    circuit_probes: int = 0  # circuits half-opened with a probe step (circuit_half_open)
+    circuits_closed: int = 0  # openings from closed whose circuit is closed again at the end
+    circuits_not_closed: dict[str, str] = field(default_factory=dict)  # key -> state at the end
+    circuit_parks: int = 0  # steps parked on a circuit (step_parked: CircuitOpen)
+    circuit_resumed: int = 0  # parked steps resumed by a close (circuit_closed)
+    budget_parks: int = 0  # drafts parked on the budget (step_parked: BudgetExhausted)
+    budget_resumed: int = 0  # ... resumed (step_resumed by budget)
+    budget_raises: int = 0  # by the runner
+    budget_per_day: float = 0.0  # the budget at the end
+    budget_charged: float = 0.0  # today's charges under it
+    budget_charges: int = 0  # effect keys charged
+    budget_reservations_left: int = 0  # reservation rows at the end (live or lapsed)
+    budget_missing_charges: int = 0  # completed runs' drafts with no charge: must be 0
     doctor: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
     time_limit_s: float = 0.0
@@ -331,6 +376,20 @@ class Report:
             + ", ".join(f"{k} {n}" for k, n in sorted(self.signals.items())),
             "outcomes                     "
             + ", ".join(f"{k} {n}" for k, n in sorted(self.outcomes.items())),
+            f"circuits                     opened {self.circuits_opened} (again after a failed "
+            f"probe {self.circuits_reopened}), {self.circuit_probes} probes, closed "
+            f"{self.circuits_closed}; {self.bursts} bursts of 503s at "
+            f"{scenario.BURST_PROVIDER}; not closed at the end: "
+            + (
+                ", ".join(f"{k} {v}" for k, v in sorted(self.circuits_not_closed.items())) or "none"
+            ),
+            f"                             steps parked on a circuit {self.circuit_parks}, "
+            f"resumed by a close {self.circuit_resumed} (and as probes {self.circuit_probes})",
+            f"budget ({scenario.BUDGET_UNIT}/day)          drafts parked {self.budget_parks}, "
+            f"resumed {self.budget_resumed}; raised {self.budget_raises} times to "
+            f"{self.budget_per_day:.0f}; charged {self.budget_charged:.0f} for "
+            f"{self.budget_charges} calls; reservations left {self.budget_reservations_left}; "
+            f"completed drafts not charged {self.budget_missing_charges}",
             f"scheduled firings            {self.scheduled_firings}   (every "
             f"{scenario.CLOCK_EVERY_S} s: {self.scheduled_gaps} missing, "
             f"{self.scheduled_repeats} repeated after a kill as duplicates)",
@@ -410,6 +469,8 @@ class Report:
             out.append(f"{self.idempotent_duplicates} duplicate effects at idempotent providers")
         if self.scheduled_gaps:
             out.append(f"{self.scheduled_gaps} scheduled firings without a run")
+        if self.budget_missing_charges:
+            out.append(f"{self.budget_missing_charges} completed drafts never charged")
         return out
 
 
@@ -467,11 +528,20 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tupl
             (org,),
         ).fetchone()["n"]  # type: ignore[index]
         report.doubles = double_transitions(conn, org=org)
+        if "settled_by_a_stale_attempt" in report.doubles:
+            # the shared check counts a park (circuit, budget) followed by its resume's claim;
+            # only a settle written after a later attempt's claim is one
+            stale = conn.execute(_STALE_SETTLES, {"org": org}).fetchone()["n"]  # type: ignore[index]
+            if stale:
+                report.doubles["settled_by_a_stale_attempt"] = stale
+            else:
+                del report.doubles["settled_by_a_stale_attempt"]
         people = set(DECISION_CHECKS) | set(SIGNAL_CHECKS)
         report.double_transitions = sum(n for k, n in report.doubles.items() if k not in people)
         report.double_decisions = sum(report.doubles.get(k, 0) for k in DECISION_CHECKS)
         report.double_consumed = sum(report.doubles.get(k, 0) for k in SIGNAL_CHECKS)
         _people_figures(conn, org, report)
+        _flow_figures(conn, org, report)
         _clock_figures(conn, report)
         report.leases_taken_early = conn.execute(
             "SELECT count(*) AS n FROM history WHERE org_id = %s AND event = 'lease_expired'"
@@ -480,6 +550,18 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tupl
         ).fetchone()["n"]  # type: ignore[index]
         expected = _expected_work(conn, org)
     return unfinished | stuck, expected
+
+
+# A step settled (done, failed, parked, cancelled) by an attempt after a later attempt had
+# claimed it: the fence failed. (A parked step resumed and claimed again is not one.)
+_STALE_SETTLES = """
+SELECT count(*) AS n FROM history d
+WHERE d.org_id = %(org)s AND d.event IN ('step_done', 'step_failed', 'step_parked', 'step_cancelled')
+  AND EXISTS (SELECT 1 FROM history c
+              WHERE c.org_id = d.org_id AND c.run_id = d.run_id AND c.seq = d.seq
+                AND c.event = 'step_claimed' AND c.attempt > d.attempt
+                AND c.event_id < d.event_id)
+"""
 
 
 def _expected_work(conn: psycopg.Connection[dict[str, Any]], org: str) -> list[tuple[str, str]]:
@@ -568,6 +650,67 @@ def _people_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: 
             (org, [*scenario.OUTCOME_STEPS.values(), "not_sent"]),
         ).fetchall()
     }
+
+
+def _flow_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: Report) -> None:
+    """Circuits opened, probed and closed, steps parked on them and on the budget and
+    resumed, and the budget's charges: one per completed draft."""
+    events = {
+        r["what"]: r["n"]
+        for r in conn.execute(
+            """SELECT CASE WHEN event = 'circuit_opened' THEN event || ':' || (detail->>'was')
+                           WHEN event = 'step_parked' THEN event || ':' || (detail->>'type')
+                           WHEN event = 'step_resumed' THEN event || ':' || (detail->>'by')
+                           ELSE event END AS what, count(*) AS n
+               FROM history WHERE org_id = %s AND event IN ('circuit_opened',
+                   'circuit_half_open', 'circuit_closed', 'step_parked', 'step_resumed')
+               GROUP BY 1""",
+            (org,),
+        ).fetchall()
+    }
+    report.circuits_opened = events.get("circuit_opened:closed", 0)
+    report.circuits_reopened = events.get("circuit_opened:half_open", 0)
+    report.circuit_probes = events.get("circuit_half_open", 0)
+    report.circuit_resumed = events.get("circuit_closed", 0)
+    report.circuit_parks = events.get("step_parked:CircuitOpen", 0)
+    report.budget_parks = events.get("step_parked:BudgetExhausted", 0)
+    report.budget_resumed = events.get("step_resumed:budget", 0)
+    report.circuits_not_closed = {
+        r["key"]: r["state"]
+        for r in conn.execute(
+            "SELECT key, state FROM circuits WHERE org_id = %s AND state <> 'closed'", (org,)
+        ).fetchall()
+    }
+    # every opening from closed ends in one close, but for the circuits not closed yet
+    report.circuits_closed = report.circuits_opened - len(report.circuits_not_closed)
+    budget = conn.execute(
+        """SELECT b.per_day,
+                  (SELECT coalesce(sum(amount), 0) FROM budget_charges c
+                   WHERE c.org_id = b.org_id AND c.scope = b.scope AND c.unit = b.unit)
+                      AS charged,
+                  (SELECT count(*) FROM budget_charges c
+                   WHERE c.org_id = b.org_id AND c.scope = b.scope AND c.unit = b.unit)
+                      AS charges,
+                  (SELECT count(*) FROM budget_reservations r
+                   WHERE r.org_id = b.org_id AND r.scope = b.scope AND r.unit = b.unit) AS left
+           FROM budgets b WHERE b.org_id = %s AND b.scope = %s AND b.unit = %s""",
+        (org, scenario.AUTOMATION, scenario.BUDGET_UNIT),
+    ).fetchone()
+    if budget is not None:
+        report.budget_per_day = float(budget["per_day"])
+        report.budget_charged = float(budget["charged"])
+        report.budget_charges = int(budget["charges"])
+        report.budget_reservations_left = int(budget["left"])
+    report.budget_missing_charges = conn.execute(
+        """SELECT count(*) AS n FROM steps st
+           JOIN runs r ON r.org_id = st.org_id AND r.run_id = st.run_id
+           WHERE r.org_id = %s AND r.status = 'completed' AND st.step_id = 'draft'
+             AND st.status = 'done'
+             AND NOT EXISTS (SELECT 1 FROM budget_charges c
+                             WHERE c.org_id = st.org_id AND c.effect_key = st.run_id || '/draft/1'
+                               AND c.scope = %s AND c.unit = %s)""",
+        (org, scenario.AUTOMATION, scenario.BUDGET_UNIT),
+    ).fetchone()["n"]  # type: ignore[index]
 
 
 def _clock_figures(conn: psycopg.Connection[dict[str, Any]], report: Report) -> None:
@@ -982,6 +1125,12 @@ class _Chaos:
         self.killer: BackendKiller | None = None
         self.monitor: psycopg.Connection[dict[str, Any]] | None = None
         self._last_progress = 0.0
+        # flow control: bursts of 503s at the burst provider, the budget the runner raises
+        self.burst_plan: list[float] = []
+        self.last_burst = -BURST_EVERY_S
+        self.parked_on_budget = 0
+        self.budget = float(scenario.budget_start())
+        self.last_raise = 0.0
 
     # -- the schedule ---------------------------------------------------------------------------
     def plan(self) -> None:
@@ -1021,6 +1170,8 @@ class _Chaos:
         self.external_plan = sorted(self.rng.uniform(0.05, 0.95) for _ in range(n_external))
         n_pauses = max(1, self.kills_per_point)
         self.pause_plan = sorted(self.rng.uniform(0.1, 0.9) for _ in range(n_pauses))
+        n_bursts = max(3, 2 * self.kills_per_point)  # circuits open even with nobody armed
+        self.burst_plan = sorted(self.rng.uniform(0.05, 0.9) for _ in range(n_bursts))
 
     @staticmethod
     def _role(point: str) -> str:
@@ -1062,6 +1213,10 @@ class _Chaos:
             twice=role != "starter" and self.duplicate_wakes,
             app_prefix=self.app_prefix,
             standby=True,
+        )
+        # the reservations of a process killed between reserve and charge lapse soon
+        argv[argv.index("--config") + 1] = settings_to_json(
+            self.settings, budget_lease_seconds=scenario.BUDGET_LEASE_S
         )
         skew = role == "leader" and self.skew_lib is not None
         proc = Proc.start(
@@ -1150,6 +1305,16 @@ class _Chaos:
                 and x.point != SHUTDOWN_POINT
                 and x.point in self.worker_points
             ]
+        elif role == "worker":
+            # a circuit's kills in a worker come to whichever worker makes the failing call or
+            # runs the probe: armed in every worker slot at once (as in the tail)
+            proc.specs += [
+                x
+                for x in self._armed_specs()
+                if x.origin == "scheduled"
+                and x.point in SHARED_POINTS
+                and not any(x is y for y in proc.specs)
+            ]
         for spec in proc.specs:
             spec.tries += 1
         proc.spawned_at = time.monotonic()
@@ -1159,11 +1324,66 @@ class _Chaos:
         return proc
 
     def _provoke_errors(self) -> None:
-        """A handler must fail for ``worker.before_settle_error``: the next calls get a 503."""
+        """A handler must fail for ``worker.before_settle_error``: the next two calls to each
+        provider get a 429 (rate limited: the handler fails, and no circuit counts it -- the
+        bursts of 503s are what open circuits). Only two: while a circuit is half-open its
+        probe is the only call, and it would take every 429 in turn."""
         with contextlib.suppress(Exception):
             for provider in ("model", "crm", "email"):
                 knobs = dict(self.knobs.get(provider, {}))
-                self.sandbox.admin.faults(provider, **knobs, script=["503"] * 6)
+                self.sandbox.admin.faults(provider, **knobs, script=["429"] * 2)
+
+    def _armed_at_circuit(self) -> bool:
+        return any(
+            x.point in CIRCUIT_POINTS and not x.done
+            for p in self.procs.values()
+            if p.alive() and p.term_at is None
+            for x in p.specs
+        )
+
+    def _burst(self, now: float) -> None:
+        """The burst provider answers the next ``scenario.BURST`` requests with a 503: its
+        circuit opens, a probe fails, the next one closes it. Only while its circuit is closed
+        and the last burst is used up, so that it closes between bursts."""
+        provider = scenario.BURST_PROVIDER
+        try:
+            if self.monitor is None or self.monitor.closed:
+                self.monitor = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+            row = self.monitor.execute(
+                "SELECT state FROM circuits WHERE org_id = %s AND key = %s",
+                (self.settings.org_id, f"connection:{scenario.BURST_CONNECTION}"),
+            ).fetchone()
+            if row is not None and row["state"] != "closed":
+                return
+            state = self.sandbox.admin.fault_state()["providers"][provider]
+            if state.get("script_remaining"):
+                return
+            self.sandbox.admin.faults(
+                provider, **scenario.burst_knobs(self.knobs.get(provider, {}))
+            )
+        except Exception:  # the sandbox is ours: try again on the next step
+            return
+        self.last_burst = now
+        self.report.bursts += 1
+
+    def _flow_control(self, now: float) -> None:
+        """Bursts of 503s (planned, and while a process is armed at a circuit's crash point),
+        and a raise of the budget while drafts are parked on it."""
+        if self.burst_plan and self.progress() >= self.burst_plan[0]:
+            self.burst_plan.pop(0)
+            self._burst(now)
+        elif now - self.last_burst >= BURST_EVERY_S and self._armed_at_circuit():
+            self._burst(now)
+        if self.parked_on_budget and now - self.last_raise >= BUDGET_RAISE_EVERY_S:
+            self.last_raise = now
+            per_day = self.budget + scenario.budget_raise()
+            try:
+                asyncio.run(_set_budget(self.url, self.settings.org_id, per_day))
+            except (psycopg.Error, OSError) as exc:
+                self.out(f"[chaos] raising the budget failed ({type(exc).__name__}); again soon")
+                return
+            self.budget = per_day
+            self.report.budget_raises += 1
 
     def _reap(self, proc: Proc, *, stopping: bool = False) -> None:
         rc = proc.popen.returncode
@@ -1248,6 +1468,8 @@ class _Chaos:
                 proc.ready_at = time.monotonic()
                 if any(x.point == ERROR_POINT and not x.done for x in proc.specs):
                     self._provoke_errors()
+                if any(x.point in CIRCUIT_POINTS and not x.done for x in proc.specs):
+                    self._burst(time.monotonic())
 
     # -- the loop -------------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -1262,13 +1484,10 @@ class _Chaos:
     def poll_db(self) -> None:
         if self.monitor is None or self.monitor.closed:
             self.monitor = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
-        row = self.monitor.execute(
-            "SELECT count(*) AS started,"
-            " count(*) FILTER (WHERE status = ANY(%s)) AS finished FROM runs WHERE org_id = %s",
-            ([*TERMINAL, "parked"], self.settings.org_id),
-        ).fetchone()
+        row = self.monitor.execute(_PROGRESS, ([*TERMINAL], self.settings.org_id)).fetchone()
         assert row is not None
         self.started_db, self.finished = int(row["started"]), int(row["finished"])
+        self.parked_on_budget = int(row["on_budget"])
 
     def target(self) -> int:
         """How many events may have been delivered by now: in step with the kill schedule,
@@ -1342,10 +1561,15 @@ class _Chaos:
                     proc.popen.send_signal(signal.SIGTERM)
                     proc.term_at = now
             elif self._armed(proc) and proc.ready_at is not None:
-                limit = 20.0 if proc.role in ("leader", "api") else 12.0
+                # a circuit's points come with its bursts, a few seconds apart
+                slow = proc.role in ("leader", "api") or any(
+                    x.point in CIRCUIT_POINTS and not x.done for x in proc.specs
+                )
+                limit = 20.0 if slow else 12.0
                 if now - proc.ready_at > limit:
                     proc.popen.send_signal(signal.SIGTERM)  # give up on this kill for now
                     proc.term_at = now
+        self._flow_control(now)
         if self.all_finished() and not self.schedule_done():
             self.give_up(now)
         for proc in self.procs.values():
@@ -1522,6 +1746,35 @@ class _Chaos:
             self.monitor.close()
 
 
+# Runs started; finished (terminal, or parked for a person -- a run parked on a circuit or on
+# the budget is in flight: it resumes by itself or when the budget is raised); parked on it.
+_PROGRESS = """
+SELECT count(*) AS started,
+       count(*) FILTER (WHERE r.status = ANY(%s) OR (r.status = 'parked' AND f.wait_kind IS NULL))
+           AS finished,
+       count(*) FILTER (WHERE r.status = 'parked' AND f.wait_kind = 'budget') AS on_budget
+FROM runs r
+LEFT JOIN LATERAL (
+    SELECT s.wait_kind FROM steps s
+    WHERE s.org_id = r.org_id AND s.run_id = r.run_id AND s.status = 'parked'
+      AND s.wait_kind IN ('circuit', 'budget')
+    LIMIT 1) f ON true
+WHERE r.org_id = %s
+"""
+
+
+async def _set_budget(url: str, org: str, per_day: float) -> None:
+    """Raise the automation's budget (``budgets.set_budget``: the drafts parked on it resume)."""
+    pool = make_pool(url, max_size=1, name="chaos-budget")
+    await pool.open(wait=True, timeout=10)
+    try:
+        await budgets.set_budget(
+            pool, org, scenario.AUTOMATION, scenario.BUDGET_UNIT, per_day, worker="chaos-runner"
+        )
+    finally:
+        await pool.close()
+
+
 async def _setup(settings: Settings, sandbox_url: str, signing_secret: str) -> None:
     async with Engine.open(settings, migrate=False, start_queue=False, pool_size=2) as engine:
         await engine.publish(scenario.document())
@@ -1533,6 +1786,7 @@ async def _setup(settings: Settings, sandbox_url: str, signing_secret: str) -> N
         )
         for approver in scenario.APPROVERS:
             await engine.grant_approver(approver, automation_id=scenario.AUTOMATION)
+        await scenario.configure_flow_control(engine)
 
 
 def api_port(rng: random.Random) -> int:

@@ -23,17 +23,29 @@ webhook: a reply on most runs, an unsubscribe on one in eight, nothing on one in
 the step waits for her.
 
 Each run is started by a webhook-like event id (``evt-<i>``), delivered twice.
+
+Flow control (R5) guards every outside call (:func:`configure_flow_control`): each connection
+has a circuit breaker that opens after ``CIRCUIT_THRESHOLD`` failures in its window and
+probes once after a short cool-down, and the automation has a budget in tokens per day that
+fits only a few drafts (the model's maximum cost is reserved before each call), so drafts park
+on it until the runner raises it. The runner makes the CRM fail in bursts
+(:func:`burst_knobs`), long enough to open its circuit and fail its first probe; the next
+probe closes it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onward.automations.builder import Automation
 from onward.connections import Integrations
 from onward.sandbox.admin import SandboxAdmin
+
+if TYPE_CHECKING:
+    from onward.engine import Engine
 
 AUTOMATION = "chaos-follow-up"
 ACCOUNT = "acct_chaos"
@@ -58,6 +70,24 @@ OUTCOME_STEPS = {"reply": "thank", "unsubscribe": "unsubscribed", None: "no_repl
 
 # Generous attempts: every kill of a claimed step costs one attempt (the claim is the fence).
 RETRY = {"max_attempts": 40, "base": 0.2, "cap": 2.0}
+
+# Flow control. Every connection's circuit opens after 3 failures in 10 s and probes once
+# after 1 s; the providers' circuits (which count the same failures) are left out of the
+# play with a threshold no run reaches, so one circuit guards each call: when concurrent
+# failures open a call's two circuits from two different steps, each circuit takes its own
+# parked step as its probe and the two probes refuse each other ("one probe at a time") at
+# every cool-down, so their runs never finish (circuits.admit / circuits.sql half_open_due).
+CIRCUIT_THRESHOLD, CIRCUIT_WINDOW_S, CIRCUIT_COOLDOWN_S = 3, 10.0, 1.0
+PROVIDER_CIRCUIT_THRESHOLD = 1_000_000
+BURST_PROVIDER = "crm"  # the provider the runner makes fail in bursts
+BURST_CONNECTION = "crm"
+BURST = 4  # 503s per burst: 3 open the circuit, the 4th fails its probe, the next closes it
+DRAFT_PROMPT = "Draft a short follow-up to {input.email}"
+DRAFT_MAX_TOKENS = 64
+BUDGET_UNIT = "tokens"
+BUDGET_DRAFTS = 4  # the budget fits this many drafts' maximum cost at first ...
+BUDGET_RAISE_DRAFTS = 5  # ... and each raise by the runner this many more
+BUDGET_LEASE_S = 6.0  # a reservation's lease in the worker processes (default 120 s)
 
 
 def event_id(i: int) -> str:
@@ -107,6 +137,21 @@ def reply(i: int) -> Reply:
     return Reply(kind=kind, early=r == 6, text=f"Thursday works for me ({i}).")
 
 
+def draft_cost(i: int) -> int:
+    """The most run ``i``'s draft may cost in tokens, as the model connector estimates it
+    (prompt tokens, four characters each, plus ``max_tokens``): what it reserves."""
+    prompt = DRAFT_PROMPT.replace("{input.email}", payload(i)["email"])
+    return math.ceil(len(prompt) / 4) + DRAFT_MAX_TOKENS
+
+
+def budget_start() -> int:
+    return BUDGET_DRAFTS * draft_cost(0)
+
+
+def budget_raise() -> int:
+    return BUDGET_RAISE_DRAFTS * draft_cost(0)
+
+
 def charges(runs: int) -> int:
     """How many of ``runs`` runs (events 0..runs-1) reach the payment step."""
     return sum(1 for i in range(runs) if payload(i)["charge"])
@@ -150,8 +195,8 @@ def document(
             "draft",
             "model.generate",
             connection="model",
-            prompt="Draft a short follow-up to {input.email}",
-            max_tokens=64,
+            prompt=DRAFT_PROMPT,
+            max_tokens=DRAFT_MAX_TOKENS,
         )
         .step(
             "crm",
@@ -238,6 +283,28 @@ async def add_connections(
         secret=SLACK_WORKSPACE,
         signing_secret=signing_secret,
     )
+
+
+async def configure_flow_control(engine: Engine) -> None:
+    """The circuits of every connection (and of their providers) and the automation's budget
+    in tokens, at its starting size."""
+    for connection_id, provider in {**CONNECTIONS, SLACK_CONNECTION: "slack"}.items():
+        for key, threshold in (
+            (f"connection:{connection_id}", CIRCUIT_THRESHOLD),
+            (f"provider:{provider}", PROVIDER_CIRCUIT_THRESHOLD),
+        ):
+            await engine.configure_circuit(
+                key,
+                threshold=threshold,
+                window_seconds=CIRCUIT_WINDOW_S,
+                cooldown_seconds=CIRCUIT_COOLDOWN_S,
+            )
+    await engine.set_budget(AUTOMATION, BUDGET_UNIT, budget_start())
+
+
+def burst_knobs(base: dict[str, Any]) -> dict[str, Any]:
+    """The burst provider's knobs during a burst: its usual ones, and ``BURST`` 503s next."""
+    return {**base, "script": ["503"] * BURST}
 
 
 def connect_people(admin: SandboxAdmin, api_url: str, signing_secret: str) -> None:
