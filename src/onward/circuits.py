@@ -55,7 +55,13 @@ async def admit(pool: Pool, org_id: str, keys: list[str], *, run_id: str, seq: i
                 taken = await (
                     await conn.execute(
                         Q.take_probe,
-                        {"org_id": org_id, "key": row["key"], "run_id": run_id, "seq": seq},
+                        {
+                            "org_id": org_id,
+                            "key": row["key"],
+                            "run_id": run_id,
+                            "seq": seq,
+                            "steal": probe,
+                        },
                     )
                 ).fetchone()
                 if taken is not None:
@@ -91,12 +97,17 @@ async def failed(
     return opened
 
 
-async def succeeded(pool: Pool, org_id: str, keys: list[str], *, worker: str) -> list[str]:
-    """A call under ``keys`` succeeded: a half-open circuit among them (its probe) closes and
-    every step parked on it resumes. Returns the keys closed."""
+async def succeeded(
+    pool: Pool, org_id: str, keys: list[str], *, run_id: str, seq: int, worker: str
+) -> list[str]:
+    """The call of this step under ``keys`` succeeded: a half-open circuit among them whose
+    probe it is closes and every step parked on it resumes. Returns the keys closed."""
     async with pool.connection() as conn:
         rows = await (
-            await conn.execute(Q.close, {"org_id": org_id, "keys": keys, "worker": worker})
+            await conn.execute(
+                Q.close,
+                {"org_id": org_id, "keys": keys, "run_id": run_id, "seq": seq, "worker": worker},
+            )
         ).fetchall()
     return [r["key"] for r in rows]
 

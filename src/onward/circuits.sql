@@ -10,10 +10,14 @@ WHERE org_id = %(org_id)s AND key = ANY (%(keys)s::text[]) AND state <> 'closed'
 ORDER BY key;
 
 -- name: take_probe
--- A half-open circuit with no probe yet takes this step as its probe.
+-- A half-open circuit with no probe yet takes this step as its probe -- as does one whose
+-- probe is another step when this step already probes another circuit of the same call
+-- (%(steal)s): the circuits of one call (its connection's and its provider's) then share one
+-- probe, and two probes never wait on each other.
 UPDATE circuits SET probe_run_id = %(run_id)s, probe_seq = %(seq)s, updated_at = now()
 WHERE org_id = %(org_id)s AND key = %(key)s AND state = 'half_open'
-  AND (probe_run_id IS NULL OR (probe_run_id = %(run_id)s AND probe_seq = %(seq)s))
+  AND (probe_run_id IS NULL OR (probe_run_id = %(run_id)s AND probe_seq = %(seq)s)
+       OR %(steal)s)
 RETURNING key;
 
 -- name: fail
@@ -111,7 +115,7 @@ run AS (
 SELECT org_id, key, probe_run_id FROM upd;
 
 -- name: close
--- The probe of a half-open circuit succeeded: the circuit closes, and every step parked on it
+-- The probe (this step) of a half-open circuit succeeded: the circuit closes, and every step parked on it
 -- resumes from the same step (ready, with a wake and a `circuit_closed` history row per run),
 -- in one statement.
 WITH c AS (
@@ -119,6 +123,7 @@ WITH c AS (
     SET state = 'closed', failures = 0, window_started_at = NULL, probe_run_id = NULL,
         probe_seq = NULL, updated_at = now()
     WHERE org_id = %(org_id)s AND key = ANY (%(keys)s::text[]) AND state = 'half_open'
+      AND probe_run_id = %(run_id)s AND probe_seq = %(seq)s
     RETURNING org_id, key
 ),
 to_ready AS (

@@ -174,7 +174,9 @@ async def _guarded(
         await budgets.charge(pool, org, automation, effect_key, cost=connector.cost_of(result))
     if probe:
         crash_point("circuit.before_close")
-        await circuits.succeeded(pool, org, breakers, worker=step.worker)
+        await circuits.succeeded(
+            pool, org, breakers, run_id=step.run_id, seq=step.seq, worker=step.worker
+        )
     return result
 
 
@@ -186,6 +188,16 @@ async def email_send(step: StepContext) -> Advance:
     # An earlier attempt may already have sent it: then it was sent, whatever consent says now.
     prior = await integ.effects.read(step.org_id, step.effect_key)
     if prior is not None and prior["status"] == "settled":
+        # the send succeeded before (a rescue): if this step probes a half-open circuit, that
+        # success closes it, as it would have without the crash
+        await circuits.succeeded(
+            integ.pool,
+            step.org_id,
+            circuits.keys_for(p.connection, "email"),
+            run_id=step.run_id,
+            seq=step.seq,
+            worker=step.worker,
+        )
         return await _sent(step, integ, dict(prior["result"] or {}))
     refused = await integ.suppression(step.org_id, to, "email")
     if refused is not None:

@@ -77,13 +77,16 @@ SELECT count(*) AS n FROM (
     GROUP BY 1, 2 HAVING count(*) > 1) x;
 
 -- name: settled_by_a_stale_attempt
--- A step settled by an attempt after a later attempt had claimed it: the fence failed.
+-- A step settled by an attempt after a later attempt had claimed it: the fence failed. (A
+-- park followed by a later claim is a resume -- a circuit closed, a budget raised, a connection
+-- restored -- not a stale settle: only claims before the settle count.)
 SELECT count(*) AS n FROM history d
 WHERE (%(org)s::text IS NULL OR d.org_id = %(org)s)
   AND d.event IN ('step_done', 'step_failed', 'step_parked', 'step_cancelled')
   AND EXISTS (SELECT 1 FROM history c
               WHERE c.org_id = d.org_id AND c.run_id = d.run_id AND c.seq = d.seq
-                AND c.event = 'step_claimed' AND c.attempt > d.attempt);
+                AND c.event = 'step_claimed' AND c.attempt > d.attempt
+                AND c.event_id < d.event_id);
 
 -- name: steps_done_per_seq
 -- Two step rows at one position of a run.

@@ -72,6 +72,7 @@ _KEEP = (
     "poll_seconds",
     "sweep_seconds",
     "shutdown_grace_seconds",
+    "budget_lease_seconds",
 )
 
 
