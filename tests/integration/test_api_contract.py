@@ -22,6 +22,8 @@ Two choices of the run are deliberate, and documented in the API itself:
 * ``POST /v1/signals`` may answer 422 to a schema-valid request: a signal names exactly one of
   ``run_id`` and ``correlation_key`` (the API says so; the schema keeps both optional); and 404
   when the run it names does not exist (no generator can know a run id).
+* ``PUT /v1/limits/{key}`` may answer 422 to a schema-valid body: a rate needs both ``calls``
+  and ``per_seconds``, and a limit needs a cap or a rate (the engine says which is missing).
 """
 
 from __future__ import annotations
@@ -72,9 +74,13 @@ CONFIG = {
     ]
     + [
         {
+            "include-name": "PUT /v1/limits/{key}",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        },
+        {
             "include-name": "POST /v1/signals",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "422"]}},
-        }
+        },
     ],
 }
 

@@ -139,7 +139,7 @@ async def test_a_worker_whose_lease_was_taken_over_cannot_write(
     before = snapshot(sql, run_id)
     assert before["steps"][0]["owner"] == "worker-b"
     async with engine.pool.connection() as conn:
-        assert await leases.heartbeat(conn, [old], 30.0) == set()
+        assert await leases.heartbeat(conn, [old], [30.0]) == set()
         assert (
             await leases.settle_advance(
                 conn,
@@ -195,7 +195,7 @@ async def test_a_worker_whose_lease_was_taken_over_cannot_write(
 
     # the newest attempt still holds the step and can write
     async with engine.pool.connection() as conn:
-        assert await leases.heartbeat(conn, [new], 30.0) == {new.key}
+        assert await leases.heartbeat(conn, [new], [30.0]) == {new.key}
         res = await leases.settle_advance(
             conn,
             new,
@@ -221,7 +221,7 @@ async def test_a_released_step_fences_its_old_token_too(
         token = Token(row["org_id"], row["run_id"], row["seq"], row["attempt"])
         assert await leases.release(conn, [token], "worker-a") == 1
         # released: ready now, lease ended now; the old token can neither extend nor settle
-        assert await leases.heartbeat(conn, [token], 30.0) == set()
+        assert await leases.heartbeat(conn, [token], [30.0]) == set()
         assert (
             await leases.settle_advance(
                 conn,

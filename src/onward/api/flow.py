@@ -3,7 +3,7 @@
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from onward.api.models import NO_NUL
 
@@ -25,13 +25,22 @@ CircuitPath = Annotated[
 ]
 
 
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("a whole number, not true or false")
+    return value
+
+
+Whole = Annotated[int, BeforeValidator(_not_a_bool)]
+
+
 class LimitIn(BaseModel):
     """A concurrency cap (``max_concurrent``), a rate (``calls`` per ``per_seconds``), or both."""
 
     model_config = ConfigDict(extra="forbid")
-    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)
-    calls: int | None = Field(default=None, ge=1, le=1_000_000)
-    per_seconds: float | None = Field(default=None, gt=0, le=86_400)
+    max_concurrent: Whole | None = Field(default=None, ge=1, le=100_000)
+    calls: Whole | None = Field(default=None, ge=1, le=1_000_000)
+    per_seconds: float | None = Field(default=None, gt=0, le=86_400, strict=True)
 
 
 class LimitView(BaseModel):
@@ -44,9 +53,9 @@ class LimitView(BaseModel):
 
 class CircuitIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    threshold: int = Field(default=5, ge=1, le=10_000)
-    window_seconds: float = Field(default=30.0, gt=0, le=86_400)
-    cooldown_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    threshold: Whole = Field(default=5, ge=1, le=10_000)
+    window_seconds: float = Field(default=30.0, gt=0, le=86_400, strict=True)
+    cooldown_seconds: float = Field(default=30.0, gt=0, le=86_400, strict=True)
 
 
 class CircuitView(BaseModel):
@@ -63,7 +72,9 @@ class CircuitView(BaseModel):
 
 class BudgetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    per_day: float = Field(ge=0, le=1e12, description="in the unit of the path, per day (UTC)")
+    per_day: float = Field(
+        ge=0, le=1e12, strict=True, description="in the unit of the path, per day (UTC)"
+    )
 
 
 class BudgetView(BaseModel):
