@@ -103,8 +103,11 @@ async def test_a_circuit_opens_parks_probes_once_and_resumes_every_parked_step(
     opened = [h for r in runs for h in history(sql, r, "circuit_opened")]
     probes = [h for r in runs for h in history(sql, r, "circuit_half_open")]
     closed = [h for r in runs for h in history(sql, r, "circuit_closed")]
-    assert len(opened) >= 1 and len(probes) == 1
-    assert len(closed) == 4  # every parked step but the probe resumed on the close
+    # one probe per circuit that had steps parked on it (the connection's, the provider's, or
+    # both: then the first probe to run takes the other circuit too), and every other parked
+    # step resumed when its circuit closed
+    assert len(opened) >= 1 and 1 <= len(probes) <= 2
+    assert len(closed) >= len(runs) - len(probes)
     # no step burnt its retries: at most the failures before the circuit opened
     rows = sql.execute("SELECT failures FROM steps WHERE run_id = ANY(%s)", (runs,)).fetchall()
     assert max(r["failures"] for r in rows) <= 2
