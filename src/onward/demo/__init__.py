@@ -131,9 +131,26 @@ async def _run_documents(
     timeout: float,
 ) -> tuple[str, list[tuple[int, dict[str, Any]]], str]:
     """Deliver the first automation's webhook twice and run it until it finishes."""
-    answers: list[tuple[int, dict[str, Any]]] = []
-    event_id = f"evt_demo_{secrets.token_hex(4)}"
+    answers = await deliver_twice(api_url, automation_id, body, out, event_prefix="evt_demo")
+    run_id = answers[0][1]["run_id"]
+    out(f"running {run_id} ...")
+    status = await engine.wait(run_id, timeout=timeout)
+    return run_id, answers, status
+
+
+async def deliver_twice(
+    api_url: str,
+    automation_id: str,
+    body: dict[str, Any],
+    out: Callable[[str], None],
+    *,
+    event_prefix: str,
+) -> list[tuple[int, dict[str, Any]]]:
+    """POST the automation's webhook twice with one event id, as a provider retrying would;
+    the second answer must name the same run (a duplicate)."""
+    event_id = f"{event_prefix}_{secrets.token_hex(4)}"
     path = f"/v1/hooks/{automation_id}"
+    answers: list[tuple[int, dict[str, Any]]] = []
     async with httpx.AsyncClient(base_url=api_url, timeout=30.0) as client:
         for delivery in (1, 2):
             reply = await client.post(path, json=body, headers={"X-Event-Id": event_id})
@@ -146,10 +163,6 @@ async def _run_documents(
             )
             if reply.status_code >= 400:
                 raise RuntimeError(f"the webhook refused the delivery: {answer}")
-    run_ids = {answer["run_id"] for _, answer in answers}
-    if len(run_ids) != 1:  # pragma: no cover - what R1 forbids
-        raise RuntimeError(f"two deliveries of one event started {len(run_ids)} runs")
-    run_id = run_ids.pop()
-    out(f"running {run_id} ...")
-    status = await engine.wait(run_id, timeout=timeout)
-    return run_id, answers, status
+    if len({a["run_id"] for _, a in answers}) != 1:  # pragma: no cover - what R1 forbids
+        raise RuntimeError("two deliveries of one event started two runs")
+    return answers

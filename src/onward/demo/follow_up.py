@@ -12,7 +12,6 @@ it back to the run by the message id. Then the run's timeline is printed.
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -67,7 +66,9 @@ async def run_follow_up(
     async with SandboxServer(mode="process") as sandbox:
         out(f"sandbox providers (model, CRM, Slack, email) at {sandbox.url}")
         await _connect(engine, sandbox.url, api_url, out)
-        answers = await _deliver_twice(api_url, body, out)
+        from onward.demo import deliver_twice
+
+        answers = await deliver_twice(api_url, "demo-follow-up", body, out, event_prefix="evt_form")
         run_id = answers[0][1]["run_id"]
         await _skip_the_morning(engine, run_id, out, timeout)
         await _approve_in_slack(engine, sandbox, run_id, out, timeout)
@@ -126,29 +127,6 @@ async def _connect(
         "connections: model, crm, mailbox, slack (clicks go to "
         f"{api_url}/v1/slack/slack/interactivity, signed); approver {SAM} granted"
     )
-
-
-async def _deliver_twice(
-    api_url: str, body: dict[str, Any], out: Callable[[str], None]
-) -> list[tuple[int, dict[str, Any]]]:
-    event_id = f"evt_form_{secrets.token_hex(4)}"
-    path = "/v1/hooks/demo-follow-up"
-    answers: list[tuple[int, dict[str, Any]]] = []
-    async with httpx.AsyncClient(base_url=api_url, timeout=30.0) as client:
-        for delivery in (1, 2):
-            reply = await client.post(path, json=body, headers={"X-Event-Id": event_id})
-            answer = reply.json()
-            answers.append((reply.status_code, answer))
-            what = "duplicate" if answer.get("duplicate") else "created"
-            out(
-                f"delivery {delivery}: POST {path}  X-Event-Id: {event_id}"
-                f"  -> {reply.status_code} {what}  {json.dumps(answer)}"
-            )
-            if reply.status_code >= 400:
-                raise RuntimeError(f"the webhook refused the delivery: {answer}")
-    if answers[0][1]["run_id"] != answers[1][1]["run_id"]:  # pragma: no cover - what R1 forbids
-        raise RuntimeError("two deliveries of one event started two runs")
-    return answers
 
 
 async def _step(engine: Engine, run_id: str, step_id: str, status: str) -> dict[str, Any] | None:
