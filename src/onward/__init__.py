@@ -11,6 +11,7 @@ from onward.connectors import Connection, Connector, classify, register_connecto
 from onward.effect_kinds import run_effect
 from onward.engine import Engine
 from onward.errors import (
+    ActionRefused,
     AuthorizationError,
     BudgetExhausted,
     CircuitOpen,
@@ -20,6 +21,7 @@ from onward.errors import (
     InvalidAutomation,
     InvalidInput,
     LeaseLost,
+    MigrationRefused,
     NeedsReview,
     OnwardError,
     OutcomeUnknown,
@@ -34,6 +36,7 @@ from onward.errors import (
     UnknownApproval,
     UnknownAutomation,
     UnknownConnection,
+    UnknownOperation,
     UnknownRun,
     UnknownSchedule,
 )
@@ -41,6 +44,7 @@ from onward.kinds import Advance, StepContext, Wait, registry, step_kind
 from onward.start import Started
 
 __all__ = [
+    "ActionRefused",
     "Advance",
     "AuthorizationError",
     "Automation",
@@ -56,6 +60,7 @@ __all__ = [
     "InvalidAutomation",
     "InvalidInput",
     "LeaseLost",
+    "MigrationRefused",
     "NeedsReview",
     "OnwardError",
     "OutcomeUnknown",
@@ -73,6 +78,7 @@ __all__ = [
     "UnknownApproval",
     "UnknownAutomation",
     "UnknownConnection",
+    "UnknownOperation",
     "UnknownRun",
     "UnknownSchedule",
     "Wait",

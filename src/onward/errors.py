@@ -12,6 +12,11 @@ The hierarchy::
     ├── UnknownConnection           no connection with that id in that organisation
     ├── UnknownSchedule             no schedule with that id on that automation
     ├── UnknownApproval             no approval request with that id in that organisation
+    ├── UnknownOperation            no bulk operation with that id in that organisation
+    ├── MigrationRefused            a migration's map or policy does not fit the versions;
+    │                               ``problems`` lists why; no run was moved
+    ├── ActionRefused               an operator action does not apply to the run as it is now
+    │                               (not parked, already finished, ...); nothing changed
     ├── SignalRefused               the signal's run has finished or was cancelled; the
     │                               signal was recorded as refused
     ├── DecisionRefused             an approval decision that decided nothing (expired, not
@@ -114,6 +119,32 @@ class UnknownApproval(OnwardError):
     def __init__(self, org_id: str, approval_id: str) -> None:
         self.org_id, self.approval_id = org_id, approval_id
         super().__init__(f"unknown approval {approval_id!r} in organisation {org_id!r}")
+
+
+class UnknownOperation(OnwardError):
+    """No bulk operation with this id exists in this organisation."""
+
+    def __init__(self, org_id: str, operation_id: str) -> None:
+        self.org_id, self.operation_id = org_id, operation_id
+        super().__init__(f"unknown operation {operation_id!r} in organisation {org_id!r}")
+
+
+class MigrationRefused(OnwardError):
+    """A migration between versions was refused before any run moved: ``problems`` lists every
+    reason (a map naming an unknown step id, a reachable step left unmapped, ...)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("migration refused: " + "; ".join(problems))
+
+
+class ActionRefused(OnwardError):
+    """An operator action (resume, resolve a review, fork, ...) does not apply to the run as it
+    is now; ``reason`` says why. Nothing changed."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class SignalRefused(OnwardError):

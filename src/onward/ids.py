@@ -32,6 +32,11 @@ def new_run_id() -> str:
     return f"run_{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
 
 
+def new_operation_id() -> str:
+    """A bulk operation (cancel, migrate): time-ordered like a run id, ``op_`` prefixed."""
+    return f"op_{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
 def effect_key(run_id: str, step_id: str, iteration: int) -> str:
     return f"{run_id}/{step_id}/{iteration}"
 

@@ -80,9 +80,11 @@ from onward.automations.versions import Published, list_automations
 from onward.db import RETRY_AFTER_SECONDS, read, write
 from onward.engine import Engine
 from onward.errors import (
+    ActionRefused,
     DecisionRefused,
     InvalidAutomation,
     InvalidInput,
+    MigrationRefused,
     OnwardError,
     PayloadTooLarge,
     SignalRefused,
@@ -90,6 +92,7 @@ from onward.errors import (
     UnknownApproval,
     UnknownAutomation,
     UnknownConnection,
+    UnknownOperation,
     UnknownRun,
 )
 from onward.inputs import check_text, parse_json
@@ -310,6 +313,9 @@ ERRORS: dict[type[OnwardError], tuple[int, str]] = {
     UnknownAutomation: (404, "unknown_automation"),
     UnknownConnection: (404, "unknown_connection"),
     UnknownApproval: (404, "unknown_approval"),
+    UnknownOperation: (404, "unknown_operation"),
+    MigrationRefused: (422, "migration_refused"),
+    ActionRefused: (409, "action_refused"),
     PayloadTooLarge: (413, "payload_too_large"),
     SignalRefused: (409, "signal_refused"),
     DecisionRefused: (409, "decision_refused"),

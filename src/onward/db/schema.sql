@@ -50,6 +50,7 @@ CREATE TABLE automation_versions (
     CONSTRAINT automation_versions_version_check CHECK ((version > 0))
 );
 CREATE INDEX automation_versions_digest ON public.automation_versions USING btree (org_id, automation_id, digest);
+CREATE TRIGGER automation_versions_immutable BEFORE DELETE OR UPDATE ON public.automation_versions FOR EACH ROW EXECUTE FUNCTION onward_version_immutable();
 
 CREATE TABLE automations (
     org_id text NOT NULL,
@@ -183,7 +184,7 @@ CREATE TABLE history (
     attempt integer,
     worker text,
     detail jsonb,
-    CONSTRAINT history_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_deferred'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'signal_consumed'::text, 'signal_refused'::text, 'signal_late'::text, 'approval_requested'::text, 'approval_decided'::text, 'approval_refused'::text, 'approval_expired'::text, 'circuit_opened'::text, 'circuit_half_open'::text, 'circuit_closed'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text]))),
+    CONSTRAINT history_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_deferred'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'signal_consumed'::text, 'signal_refused'::text, 'signal_late'::text, 'approval_requested'::text, 'approval_decided'::text, 'approval_refused'::text, 'approval_expired'::text, 'circuit_opened'::text, 'circuit_half_open'::text, 'circuit_closed'::text, 'cancel_requested'::text, 'run_migrated'::text, 'run_erased'::text, 'review_resolved'::text, 'run_forked'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text]))),
     CONSTRAINT history_pkey PRIMARY KEY (org_id, run_id, event_id)
 );
 
@@ -251,12 +252,35 @@ CREATE TABLE onward_migrations (
     CONSTRAINT onward_migrations_pkey PRIMARY KEY (org_id, version)
 );
 
+CREATE TABLE operations (
+    org_id text NOT NULL,
+    operation_id text NOT NULL,
+    kind text NOT NULL,
+    params jsonb NOT NULL,
+    requested_by text NOT NULL,
+    status text NOT NULL DEFAULT 'running'::text,
+    after_run_id text NOT NULL DEFAULT ''::text,
+    done integer NOT NULL DEFAULT 0,
+    outcomes jsonb NOT NULL DEFAULT '{}'::jsonb,
+    error text,
+    lease_until timestamp with time zone,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    finished_at timestamp with time zone,
+    CONSTRAINT operations_kind_check CHECK ((kind = ANY (ARRAY['cancel'::text, 'migrate'::text]))),
+    CONSTRAINT operations_pkey PRIMARY KEY (org_id, operation_id),
+    CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['running'::text, 'done'::text, 'failed'::text])))
+);
+CREATE INDEX operations_running ON public.operations USING btree (org_id, lease_until) WHERE (status = 'running'::text);
+
 CREATE TABLE organisations (
     org_id text NOT NULL,
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     has_due_work boolean NOT NULL DEFAULT false,
     last_timer_served_at timestamp with time zone,
-    CONSTRAINT organisations_pkey PRIMARY KEY (org_id)
+    retention_days double precision,
+    CONSTRAINT organisations_pkey PRIMARY KEY (org_id),
+    CONSTRAINT organisations_retention_days_check CHECK ((retention_days > (0)::double precision))
 );
 CREATE INDEX organisations_due ON public.organisations USING btree (last_timer_served_at NULLS FIRST, org_id) WHERE has_due_work;
 
@@ -295,11 +319,17 @@ CREATE TABLE runs (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     finished_at timestamp with time zone,
+    cancel_requested_by text,
+    forked_from text,
+    erased_at timestamp with time zone,
     CONSTRAINT runs_org_id_start_key_key UNIQUE (org_id, start_key),
     CONSTRAINT runs_pkey PRIMARY KEY (org_id, run_id),
     CONSTRAINT runs_start_key_kind_check CHECK ((start_key_kind = ANY (ARRAY['event'::text, 'payload_hash'::text, 'caller'::text]))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['active'::text, 'waiting'::text, 'parked'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'exceeded'::text])))
 );
+CREATE INDEX runs_by_version ON public.runs USING btree (org_id, automation_id, version, run_id) WHERE (finished_at IS NULL);
+CREATE INDEX runs_contact ON public.runs USING btree (org_id, contact_id) WHERE (contact_id IS NOT NULL);
+CREATE INDEX runs_finished ON public.runs USING btree (org_id, finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX runs_listing ON public.runs USING btree (org_id, created_at DESC);
 CREATE INDEX runs_unfinished ON public.runs USING btree (org_id, status) WHERE (finished_at IS NULL);
 CREATE INDEX runs_waiting_deadline ON public.runs USING btree (org_id, deadline_at) WHERE (status = ANY (ARRAY['waiting'::text, 'parked'::text]));
@@ -382,7 +412,7 @@ CREATE TABLE steps (
     failures integer NOT NULL DEFAULT 0,
     CONSTRAINT steps_pkey PRIMARY KEY (org_id, run_id, seq),
     CONSTRAINT steps_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text, 'done'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
-    CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text, 'budget'::text])))
+    CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text, 'budget'::text, 'migration'::text])))
 );
 CREATE INDEX steps_claimable ON public.steps USING btree (lane, available_at) WHERE (status = 'ready'::text);
 CREATE INDEX steps_leased ON public.steps USING btree (lease_until) WHERE (status = 'running'::text);
@@ -428,3 +458,14 @@ CREATE OR REPLACE FUNCTION public.onward_timer_wake_id(org_id text, timer_id big
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 RETURN ((((('timer:'::text || org_id) || ':'::text) || (timer_id)::text) || ':'::text) || (wake_n)::text);
+
+CREATE OR REPLACE FUNCTION public.onward_version_immutable()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION 'automation % version % is published and cannot be changed or removed',
+        OLD.automation_id, OLD.version
+        USING ERRCODE = 'restrict_violation';
+END;
+$function$;

@@ -1,0 +1,206 @@
+"""Bulk operations over many runs (R11, R12, B2): cancel every run of an automation or a
+filter, migrate a version's runs. An operation is a row (``operations``): its kind, its
+parameters, a cursor (``after_run_id``), how many runs it has handled and the outcomes by kind.
+
+:func:`drive` runs it in batches. Each batch -- the kind's batch function changing up to
+``batch`` runs after the cursor, in run id order -- and the operation's progress commit in one
+transaction, so a process stopped at any line leaves every run either handled or not and the
+row's cursor says where to continue. A batch function is idempotent for a run it has already
+handled (cancelling a cancelled run, migrating a migrated one, does nothing and says so), so a
+resumed operation is safe even if two drivers overlap: they take turns on the row's lock
+(``operations.sql take``) and each reads the cursor after taking it.
+
+A driver renews the operation's lease with every batch; an operation whose lease lapsed lost
+its driver, and :func:`resume` (``onward operations resume``, or the elected sweeper through
+:func:`resume_stale`) continues it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from onward import ids
+from onward.db import Conn, Pool
+from onward.db.sql import Queries
+from onward.errors import InvalidInput, UnknownOperation
+
+Q = Queries(__package__, "operations.sql")
+
+LEASE_SECONDS = 30.0
+BATCH = 500
+
+# A batch: (conn, org_id, params, after_run_id, limit) -> the runs it handled, in run id
+# order, each {"run_id": .., "outcome": .., ...}. Fewer than ``limit`` means finished.
+BatchFn = Callable[[Conn, str, dict[str, Any], str, int], Awaitable[list[dict[str, Any]]]]
+
+# The batch function of each kind, imported when first needed (the kinds' modules import this).
+KINDS: dict[str, str] = {
+    "cancel": "onward.cancel:cancel_batch",
+    "migrate": "onward.run_migrations:migrate_batch",
+}
+
+
+def batch_function(kind: str) -> BatchFn:
+    module, _, name = KINDS[kind].partition(":")
+    fn: BatchFn = getattr(importlib.import_module(module), name)
+    return fn
+
+
+async def begin(
+    pool: Pool, org_id: str, kind: str, params: dict[str, Any], *, requested_by: str
+) -> dict[str, Any]:
+    """Record a new operation (not yet driven)."""
+    if kind not in KINDS:
+        raise InvalidInput(f"unknown operation kind {kind!r}")
+    async with pool.connection() as conn:
+        row = await (
+            await conn.execute(
+                Q.create,
+                {
+                    "org_id": org_id,
+                    "operation_id": ids.new_operation_id(),
+                    "kind": kind,
+                    "params": json.dumps(params),
+                    "requested_by": requested_by,
+                    "lease": LEASE_SECONDS,
+                },
+            )
+        ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+async def drive(
+    pool: Pool,
+    org_id: str,
+    operation_id: str,
+    *,
+    batch: int = BATCH,
+    on_batch: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+    results: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Run the operation's batches until it is done; returns its final row. ``on_batch`` sees
+    the row after each batch and that batch's per-run results (progress for a CLI or a
+    stream); ``results``, if given, collects every per-run result."""
+    while True:
+        async with pool.connection() as conn, conn.transaction():
+            op = await (
+                await conn.execute(Q.take, {"org_id": org_id, "operation_id": operation_id})
+            ).fetchone()
+            if op is None:
+                return await get(pool, org_id, operation_id)
+            fn = batch_function(op["kind"])
+            try:
+                handled = await fn(conn, org_id, op["params"], op["after_run_id"], batch)
+            except InvalidInput as exc:
+                raise _Failed(str(exc)) from exc
+            outcomes: dict[str, int] = {}
+            for r in handled:
+                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+            row = await (
+                await conn.execute(
+                    Q.progress,
+                    {
+                        "org_id": org_id,
+                        "operation_id": operation_id,
+                        "after_run_id": handled[-1]["run_id"] if handled else op["after_run_id"],
+                        "n": len(handled),
+                        "outcomes": json.dumps(outcomes),
+                        "finished": len(handled) < batch,
+                        "lease": LEASE_SECONDS,
+                    },
+                )
+            ).fetchone()
+        assert row is not None
+        if results is not None:
+            results.extend(handled)
+        if on_batch is not None:
+            on_batch(dict(row), handled)
+        if row["status"] != "running":
+            return dict(row)
+
+
+class _Failed(Exception):
+    pass
+
+
+async def run(
+    pool: Pool,
+    org_id: str,
+    kind: str,
+    params: dict[str, Any],
+    *,
+    requested_by: str,
+    batch: int = BATCH,
+    on_batch: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+    results: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Begin and drive an operation to its end. A batch function's ``InvalidInput`` (the
+    parameters no longer hold) marks the operation failed, with its reason, and is raised."""
+    op = await begin(pool, org_id, kind, params, requested_by=requested_by)
+    return await _drive_or_fail(pool, org_id, op["operation_id"], batch, on_batch, results)
+
+
+async def resume(
+    pool: Pool,
+    org_id: str,
+    operation_id: str,
+    *,
+    batch: int = BATCH,
+    on_batch: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+) -> dict[str, Any]:
+    """Continue an operation from its cursor (its driver died, or was stopped)."""
+    await get(pool, org_id, operation_id)  # NotFound
+    return await _drive_or_fail(pool, org_id, operation_id, batch, on_batch, None)
+
+
+async def _drive_or_fail(
+    pool: Pool,
+    org_id: str,
+    operation_id: str,
+    batch: int,
+    on_batch: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None,
+    results: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    try:
+        return await drive(
+            pool, org_id, operation_id, batch=batch, on_batch=on_batch, results=results
+        )
+    except _Failed as exc:
+        async with pool.connection() as conn:
+            await conn.execute(
+                Q.fail, {"org_id": org_id, "operation_id": operation_id, "error": str(exc)}
+            )
+        raise InvalidInput(str(exc)) from None
+
+
+async def resume_stale(pool: Pool, org_id: str, *, limit: int = 5) -> list[dict[str, Any]]:
+    """Continue the operations of this organisation whose driver died (the sweeper's call)."""
+    async with pool.connection() as conn:
+        rows = await (await conn.execute(Q.stale, {"org_id": org_id, "limit": limit})).fetchall()
+    done = []
+    for row in rows:
+        try:
+            done.append(await resume(pool, org_id, row["operation_id"]))
+        except InvalidInput:
+            continue  # recorded as failed with its reason
+    return done
+
+
+async def get(pool: Pool, org_id: str, operation_id: str) -> dict[str, Any]:
+    async with pool.connection() as conn:
+        row = await (
+            await conn.execute(Q.get, {"org_id": org_id, "operation_id": operation_id})
+        ).fetchone()
+    if row is None:
+        raise UnknownOperation(org_id, operation_id)
+    return dict(row)
+
+
+async def list_operations(pool: Pool, org_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    async with pool.connection() as conn:
+        rows = await (await conn.execute(Q.list, {"org_id": org_id, "limit": limit})).fetchall()
+    return [dict(r) for r in rows]
