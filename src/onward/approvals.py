@@ -231,6 +231,15 @@ async def wake_if_decided(conn: Conn, org_id: str, run_id: str, seq: int, *, wor
     return bool(woke["woken"])
 
 
+async def cancel_pending(conn: Conn, org_id: str, run_id: str) -> list[str]:
+    """The run was cancelled (in the caller's transaction, under the run's transition lock):
+    its pending request becomes ``cancelled``; a later decision is refused as cancelled."""
+    rows = await (
+        await conn.execute(Q.cancel_pending, {"org_id": org_id, "run_id": run_id})
+    ).fetchall()
+    return [r["approval_id"] for r in rows]
+
+
 async def _settle(
     conn: Conn,
     org_id: str,

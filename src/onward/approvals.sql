@@ -216,3 +216,10 @@ SELECT secret FROM ins
 UNION ALL
 SELECT secret FROM engine_secrets WHERE org_id = '_system' AND name = %(name)s
 LIMIT 1;
+
+-- name: cancel_pending
+-- The run was cancelled: its pending request decides nothing any more; a later click is refused
+-- as cancelled (approvals.py _why_not reads the run's status).
+UPDATE approvals SET status = 'cancelled'
+WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND status = 'pending'
+RETURNING approval_id;

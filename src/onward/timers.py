@@ -230,3 +230,16 @@ async def db_now(pool: Pool) -> datetime:
     assert row is not None
     now: datetime = row["now"]
     return now
+
+
+async def lock_pending_of_run(conn: Conn, org_id: str, run_id: str) -> None:
+    """Lock the run's unfired timers (before its step: the order a fire takes them)."""
+    await conn.execute(Q.lock_pending_of_run, {"org_id": org_id, "run_id": run_id})
+
+
+async def close_for_run(conn: Conn, org_id: str, run_id: str, *, fired_by: str) -> int:
+    """Its run ended: the run's pending timers fire nothing (``fired_by`` says why)."""
+    cur = await conn.execute(
+        Q.close_for_run, {"org_id": org_id, "run_id": run_id, "fired_by": fired_by}
+    )
+    return cur.rowcount

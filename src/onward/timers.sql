@@ -128,3 +128,16 @@ ORDER BY t.timer_id;
 -- name: db_now
 -- The database's clock: the reference instant of a preview that names none.
 SELECT now() AS now;
+
+-- name: lock_pending_of_run
+-- Lock a run's unfired timers before its step (the order a fire takes them: timer, then step),
+-- so closing them with the step cannot deadlock with a fire.
+SELECT timer_id FROM timers
+WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND fired_at IS NULL
+ORDER BY timer_id
+FOR UPDATE;
+
+-- name: close_for_run
+-- The run ended while its timers were pending (cancelled): they fire nothing, now or later.
+UPDATE timers SET fired_at = now(), fired_by = %(fired_by)s
+WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND fired_at IS NULL;

@@ -1,0 +1,161 @@
+"""Cancellation (R12): cancel one run, or every run an automation, a version or a filter names.
+
+* **Nothing executing** (the run's step is ``ready``, ``waiting`` or ``parked``): the run is
+  cancelled at once. In one transaction the step and the run become ``cancelled``, the run's
+  pending timers close (``fired_by = 'cancelled'``: a late wake fires nothing), its pending
+  approval becomes ``cancelled`` (a later click is refused as cancelled) and a later signal is
+  refused because the run is cancelled (``signals.sql settle_unconsumed``).
+* **A step in flight** (``running``): the run is marked cancel-requested
+  (``runs.cancel_requested_at``, history ``cancel_requested``) and stops at its next safe point:
+  the next claim of its step reads the mark and ends the step and run ``cancelled``
+  (``policy.stop_check``). The call already in flight may finish; an interrupted one becomes
+  ``outcome_unknown`` and is reconciled -- never claimed undone.
+* **Finished**: nothing changes; the answer says so.
+
+Cancel is idempotent and says what it did per run (``outcome``: ``cancelled``,
+``cancel_requested``, ``already_requested``, ``already_cancelled``, ``already_finished``).
+
+Lock order, the same as a timer's fire and a signal's intake: the run's transition lock
+(``signals.lock_run``), its timers (``timers.lock_pending_of_run``), its step, its run row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from onward import approvals, operations, signals, timers
+from onward.db import Conn, Pool
+from onward.db.sql import Queries
+from onward.errors import InvalidInput, UnknownRun
+
+Q = Queries(__package__, "cancel.sql")
+
+OUTCOMES = (
+    "cancelled",
+    "cancel_requested",
+    "already_requested",
+    "already_cancelled",
+    "already_finished",
+)
+FILTERS = ("automation_id", "version", "status", "contact_id", "created_before", "created_after")
+
+
+async def cancel_in_tx(
+    conn: Conn,
+    org_id: str,
+    run_id: str,
+    *,
+    by: str,
+    reason: str | None = None,
+    worker: str = "api",
+) -> dict[str, Any]:
+    """Cancel one run inside the caller's transaction. Raises ``UnknownRun``."""
+    reason = reason or f"cancelled by {by}"
+    args = {"org_id": org_id, "run_id": run_id}
+    await signals.lock_run(conn, org_id, run_id)
+    await timers.lock_pending_of_run(conn, org_id, run_id)
+    step = await (await conn.execute(Q.lock_step, args)).fetchone()
+    run = await (await conn.execute(Q.lock_run, args)).fetchone()
+    if run is None:
+        raise UnknownRun(org_id, run_id)
+    answer: dict[str, Any] = {"run_id": run_id, "status": run["status"]}
+    if run["finished_at"] is not None:
+        done = "already_cancelled" if run["status"] == "cancelled" else "already_finished"
+        return {**answer, "outcome": done}
+    if step is None or step["status"] == "running":
+        got = await (
+            await conn.execute(
+                Q.request,
+                {
+                    **args,
+                    "by": by,
+                    "reason": reason,
+                    "worker": worker,
+                    "seq": step["seq"] if step else None,
+                    "step_id": step["step_id"] if step else None,
+                },
+            )
+        ).fetchone()
+        fresh = bool(got and got["requested"])
+        return {**answer, "outcome": "cancel_requested" if fresh else "already_requested"}
+    was = step["status"] + (f":{step['wait_kind']}" if step["wait_kind"] else "")
+    await conn.execute(
+        Q.cancel_now,
+        {**args, "seq": step["seq"], "by": by, "reason": reason, "worker": worker, "was": was},
+    )
+    await timers.close_for_run(conn, org_id, run_id, fired_by="cancelled")
+    await approvals.cancel_pending(conn, org_id, run_id)
+    return {**answer, "status": "cancelled", "outcome": "cancelled", "was": was}
+
+
+async def cancel_run(
+    pool: Pool, org_id: str, run_id: str, *, by: str, reason: str | None = None
+) -> dict[str, Any]:
+    """Cancel one run (its own transaction)."""
+    async with pool.connection() as conn, conn.transaction():
+        return await cancel_in_tx(conn, org_id, run_id, by=by, reason=reason)
+
+
+def check_filter(params: dict[str, Any]) -> dict[str, Any]:
+    """A bulk cancel's filter: only the known fields, at least one of them."""
+    unknown = sorted(set(params) - set(FILTERS) - {"by", "reason"})
+    if unknown:
+        raise InvalidInput(f"unknown cancel filter field(s): {', '.join(unknown)}")
+    if not any(params.get(f) is not None for f in FILTERS):
+        raise InvalidInput("a bulk cancel names at least one of: " + ", ".join(FILTERS))
+    for f in ("created_before", "created_after"):
+        v = params.get(f)
+        if isinstance(v, datetime):
+            params[f] = v.isoformat()
+    return params
+
+
+async def cancel_batch(
+    conn: Conn, org_id: str, params: dict[str, Any], after_run_id: str, limit: int
+) -> list[dict[str, Any]]:
+    """One batch of a bulk cancel (``operations`` kind ``cancel``), in the operation's
+    transaction: the next ``limit`` unfinished runs the filter names, each cancelled."""
+    rows = await (
+        await conn.execute(
+            Q.batch_runs,
+            {
+                "org_id": org_id,
+                "after": after_run_id,
+                "limit": limit,
+                **{f: params.get(f) for f in FILTERS},
+            },
+        )
+    ).fetchall()
+    out = []
+    for row in rows:
+        out.append(
+            await cancel_in_tx(
+                conn,
+                org_id,
+                row["run_id"],
+                by=params.get("by") or "operator",
+                reason=params.get("reason"),
+                worker="operation",
+            )
+        )
+    return out
+
+
+async def cancel_many(
+    pool: Pool,
+    org_id: str,
+    *,
+    by: str,
+    reason: str | None = None,
+    batch: int = operations.BATCH,
+    on_batch: Any = None,
+    **filters: Any,
+) -> dict[str, Any]:
+    """Cancel every unfinished run the filter names, in batches (an ``operations`` row with
+    its progress); returns the operation's final row."""
+    params = check_filter({**{k: v for k, v in filters.items() if v is not None}})
+    params.update(by=by, reason=reason)
+    return await operations.run(
+        pool, org_id, "cancel", params, requested_by=by, batch=batch, on_batch=on_batch
+    )
