@@ -26,8 +26,9 @@ def migrate_runs(
     to_version: Annotated[int, typer.Option("--to", min=1, help="the version to move them to")],
     step_map: Annotated[
         str | None,
-        typer.Option("--map", help="old:new,... for steps whose id changed (same ids map to "
-                     "themselves)"),
+        typer.Option(
+            "--map", help="old:new,... for steps whose id changed (same ids map to themselves)"
+        ),
     ] = None,
     policy: Annotated[
         str | None,

@@ -81,6 +81,7 @@ deferred and why), and changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -156,10 +157,9 @@ def _edges(doc: AutomationDoc, registry: Registry) -> dict[str, list[str]]:
         spec = registry.get(step.kind)
         targets: list[str] = [step.next] if step.next else []
         if spec is not None:
-            try:
+            # parameters this process parses differently: the static next only
+            with contextlib.suppress(Exception):
                 targets = list(spec.successors(step, spec.parse_params(step.params)))
-            except Exception:  # a kind this process lacks or parses differently: static next
-                pass
         edges[step.id] = [t for t in targets if t]
     return edges
 
@@ -275,14 +275,14 @@ async def plan(
     if problems:
         raise MigrationRefused(problems)
     renames = {o: n for o, n in step_map.items() if o != n}
-    target = new.step(skip_to) if skip_to is not None else None
+    skip = new.step(skip_to) if skip_to is not None else None
     return {
         "automation_id": automation_id,
         "from": from_version,
         "to": to_version,
         "map": step_map,
         "policy": policy,
-        "skip_to": _target(target, registry) if target is not None else None,
+        "skip_to": _target(skip, registry) if skip is not None else None,
         "by": by,
         "steps": steps,
         "renames": renames,
@@ -533,7 +533,12 @@ async def migrate_run(
     elif step["step_status"] == "ready" and entry["lane"] != step["lane"]:
         await conn.execute(
             Q.announce,
-            {**args, "seq": seq, "worker": WORKER, "detail": Jsonb({"lane": entry["lane"], **note})},
+            {
+                **args,
+                "seq": seq,
+                "worker": WORKER,
+                "detail": Jsonb({"lane": entry["lane"], **note}),
+            },
         )
     return answer
 

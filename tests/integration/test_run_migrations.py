@@ -16,7 +16,6 @@ from onward.engine import Engine
 from onward.errors import MigrationRefused
 from onward.testing import eventually, history
 
-
 ID = "mig"
 
 
@@ -296,16 +295,12 @@ async def test_a_bad_migration_is_refused_with_its_reasons_and_nothing_moves(
     assert op["outcomes"] == {"moved": 1}
 
 
-
-
 async def test_a_published_version_refuses_update_and_delete_and_republishing_still_works(
     engine: Engine, sql: psycopg.Connection[Any]
 ) -> None:
     v1 = await engine.publish(doc("v1"))
     with pytest.raises(psycopg.errors.RestrictViolation, match="is published and cannot"):
-        sql.execute(
-            "UPDATE automation_versions SET max_steps = 1 WHERE automation_id = %s", (ID,)
-        )
+        sql.execute("UPDATE automation_versions SET max_steps = 1 WHERE automation_id = %s", (ID,))
     with pytest.raises(psycopg.errors.RestrictViolation, match="is published and cannot"):
         sql.execute("DELETE FROM automation_versions WHERE automation_id = %s", (ID,))
     row = sql.execute(
