@@ -9,6 +9,8 @@
                                         or, with no argument, the automations of --app M:ATTR
     onward start AUTOMATION [--payload JSON|@file] [--event-id ID] [--key K]
     onward runs [--status S] [--automation A] [--limit N]
+    onward runs migrate --automation A --from 3 --to 4 [--map old:new,...]
+        [--removed-step-policy park|skip-to:STEP|cancel] [--dry-run]   move runs between versions
     onward show RUN                     one run's timeline
     onward sandbox [--host H --port P]  the fake providers, for trying connectors
 
@@ -447,7 +449,15 @@ def start(
         typer.echo(f"duplicate: {started.run_id} was already started by {started.start_key}")
 
 
-@app.command()
+runs_app = typer.Typer(
+    name="runs",
+    help="List runs, newest first; `onward runs migrate` moves runs between versions.",
+    invoke_without_command=True,
+)
+app.add_typer(runs_app)  # onward runs [--status S ...] | onward runs migrate ...
+
+
+@runs_app.callback()
 def runs(
     ctx: typer.Context,
     status: Annotated[str | None, typer.Option("--status", help="e.g. active, completed")] = None,
@@ -456,6 +466,8 @@ def runs(
     as_json: JsonOpt = False,
 ) -> None:
     """List runs, newest first."""
+    if ctx.invoked_subcommand is not None:
+        return
     from onward.api.models import RunSummary
 
     async def go() -> Any:
@@ -796,7 +808,7 @@ def chaos(
 
 # -- command groups in their own modules -------------------------------------------------------
 
-from onward import cli_flow, cli_people  # noqa: E402  (uses the helpers above)
+from onward import cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
@@ -808,6 +820,7 @@ app.add_typer(cli_flow.limits_app)  # onward limits list|set|remove
 app.add_typer(cli_flow.circuits_app)  # onward circuits list|set
 app.add_typer(cli_flow.budgets_app)  # onward budgets list|set
 app.command()(cli_flow.lanes)  # onward lanes
+runs_app.command("migrate")(cli_migrate.migrate_runs)  # onward runs migrate --automation A ...
 
 # -- entry point -----------------------------------------------------------------------------
 

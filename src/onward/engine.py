@@ -78,6 +78,7 @@ class Engine:
         self.integrations = Integrations(pool, effects=self.effects)
         self.integrations.token_secret = settings.signing_secret
         self.integrations.budget_lease = settings.budget_lease_seconds
+        self._driving: set[asyncio.Task[Any]] = set()  # operations driven in this process
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -471,3 +472,69 @@ class Engine:
         return await schedule_ops.trigger(
             self.pool, self.org_id, automation_id, schedule_id, key=key
         )
+
+    # -- migrating runs between versions (R11, onward.run_migrations) ------------------------
+    async def migrate_runs(
+        self,
+        automation_id: str,
+        from_version: int,
+        to_version: int,
+        step_map: dict[str, str] | None = None,
+        removed_step_policy: str | None = None,
+        *,
+        dry_run: bool = False,
+        by: str = "operator",
+        wait: bool = True,
+        batch: int | None = None,
+        on_batch: Any = None,
+        max_passes: int | None = None,
+        pass_pause_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Move the unfinished runs of ``from_version`` to ``to_version``: ``step_map``
+        ``{old: new}`` (a step whose id both versions have maps to itself), and for a step
+        whose id is gone ``removed_step_policy`` ``park``, ``skip-to:STEP`` or ``cancel``.
+        Raises ``MigrationRefused`` (every problem) before any run moves. ``dry_run``: the
+        plan per run, nothing changed. Otherwise the operation's row (``operations``) -- when
+        it finished, or at once with ``wait=False`` (driven in this process; its progress at
+        ``operation(id)``)."""
+        from onward import operations
+        from onward import run_migrations as rm
+
+        params = await rm.plan(
+            self.pool,
+            self.org_id,
+            self.registry,
+            automation_id=automation_id,
+            from_version=from_version,
+            to_version=to_version,
+            step_map=step_map,
+            removed_step_policy=removed_step_policy,
+            by=by,
+        )
+        if max_passes is not None:
+            params["max_passes"] = max_passes
+        if pass_pause_s is not None:
+            params["pass_pause_s"] = pass_pause_s
+        if dry_run:
+            return await rm.dry_run(self.pool, self.org_id, params)
+        size = batch or operations.BATCH
+        if wait:
+            return await rm.migrate(self.pool, self.org_id, params, batch=size, on_batch=on_batch)
+        op = await rm.begin(self.pool, self.org_id, params)
+
+        async def drive() -> None:
+            try:
+                await operations.resume(self.pool, self.org_id, op["operation_id"], batch=size)
+            except Exception:  # recorded on the row when it is the operation's own failure
+                log.exception("operation %s stopped; resume it", op["operation_id"])
+
+        task = asyncio.create_task(drive())
+        self._driving.add(task)
+        task.add_done_callback(self._driving.discard)
+        return op
+
+    async def operation(self, operation_id: str) -> dict[str, Any]:
+        """A bulk operation's row: its progress (``UnknownOperation`` if none)."""
+        from onward import operations
+
+        return await operations.get(self.pool, self.org_id, operation_id)

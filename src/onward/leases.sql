@@ -19,13 +19,16 @@ claimed AS (
     FROM picked p
     WHERE s.org_id = p.org_id AND s.run_id = p.run_id AND s.seq = p.seq
     RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.kind, s.lane, s.iteration, s.attempt,
-              s.failures, s.wake
+              s.failures, s.wake, s.version AS step_version
 ),
 hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)
     SELECT org_id, run_id, 'step_claimed', seq, step_id, attempt, %(worker)s FROM claimed
 )
-SELECT c.*, now() AS db_now, r.automation_id, r.version, r.input, r.ctx, r.visits,
+-- the version of the step's definition: the step row's own when a migration moved it (the
+-- locked row is current; this join reads the run as of the statement's snapshot)
+SELECT c.*, now() AS db_now, r.automation_id, coalesce(c.step_version, r.version) AS version,
+       r.input, r.ctx, r.visits,
        r.steps_executed,
        r.max_steps, r.cancel_requested_at IS NOT NULL AS cancel_requested,
        r.steps_executed >= r.max_steps AS over_steps, now() > r.deadline_at AS over_age

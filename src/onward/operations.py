@@ -10,6 +10,14 @@ handled (cancelling a cancelled run, migrating a migrated one, does nothing and 
 resumed operation is safe even if two drivers overlap: they take turns on the row's lock
 (``operations.sql take``) and each reads the cursor after taking it.
 
+Passes: a batch function may answer ``deferred`` for a run it cannot handle now (its step is
+in flight: a migration moves a run only at a safe point). When a scan reaches the end with runs
+deferred in it, the operation starts another pass from the beginning of its cursor after
+``pass_pause_s`` (a parameter, default :data:`PASS_PAUSE`), up to ``max_passes`` passes (default
+:data:`MAX_PASSES`); the row shows the pass and the runs deferred in it. A deferred run counts
+in ``done`` and ``outcomes`` once, as ``deferred``, only if it is still deferred in the last
+pass. A kind that never defers (cancel) makes one pass.
+
 A driver renews the operation's lease with every batch; an operation whose lease lapsed lost
 its driver, and :func:`resume` (``onward operations resume``, or the elected sweeper through
 :func:`resume_stale`) continues it.
@@ -17,6 +25,7 @@ its driver, and :func:`resume` (``onward operations resume``, or the elected swe
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 from collections.abc import Awaitable, Callable
@@ -31,6 +40,8 @@ Q = Queries(__package__, "operations.sql")
 
 LEASE_SECONDS = 30.0
 BATCH = 500
+MAX_PASSES = 30  # passes over the runs while some are deferred (in flight)
+PASS_PAUSE = 1.0  # seconds between two passes: the deferred runs' steps may settle meanwhile
 
 # A batch: (conn, org_id, params, after_run_id, limit) -> the runs it handled, in run id
 # order, each {"run_id": .., "outcome": .., ...}. Fewer than ``limit`` means finished.
@@ -99,17 +110,29 @@ async def drive(
                 raise _Failed(str(exc)) from exc
             outcomes: dict[str, int] = {}
             for r in handled:
-                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+                if r["outcome"] != "deferred":
+                    outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+            deferred = op["deferred"] + sum(1 for r in handled if r["outcome"] == "deferred")
+            scanned = len(handled) < batch
+            params = op["params"]
+            again = scanned and deferred > 0 and op["pass"] < params.get("max_passes", MAX_PASSES)
+            finished = scanned and not again
+            if finished and deferred:
+                outcomes["deferred"] = deferred  # still deferred in the last pass
             row = await (
                 await conn.execute(
                     Q.progress,
                     {
                         "org_id": org_id,
                         "operation_id": operation_id,
-                        "after_run_id": handled[-1]["run_id"] if handled else op["after_run_id"],
-                        "n": len(handled),
+                        "after_run_id": ""
+                        if again
+                        else (handled[-1]["run_id"] if handled else op["after_run_id"]),
+                        "n": sum(outcomes.values()),
                         "outcomes": json.dumps(outcomes),
-                        "finished": len(handled) < batch,
+                        "finished": finished,
+                        "next_pass": again,
+                        "deferred": 0 if again else deferred,
                         "lease": LEASE_SECONDS,
                     },
                 )
@@ -121,6 +144,8 @@ async def drive(
             on_batch(dict(row), handled)
         if row["status"] != "running":
             return dict(row)
+        if again:
+            await asyncio.sleep(float(params.get("pass_pause_s", PASS_PAUSE)))
 
 
 class _Failed(Exception):

@@ -18,9 +18,11 @@ WHERE org_id = %(org_id)s AND operation_id = %(operation_id)s AND status = 'runn
 FOR UPDATE;
 
 -- name: progress
--- After a batch, in its transaction: the cursor, the count, the outcomes by kind, the lease.
+-- After a batch, in its transaction: the cursor, the count, the outcomes by kind, the lease;
+-- the pass (the next one starts from an empty cursor) and the runs deferred in it.
 UPDATE operations
 SET after_run_id = %(after_run_id)s, done = done + %(n)s,
+    pass = pass + CASE WHEN %(next_pass)s THEN 1 ELSE 0 END, deferred = %(deferred)s,
     outcomes = (
         SELECT coalesce(jsonb_object_agg(k, v), '{}') FROM (
             SELECT k, sum(v::int) AS v FROM (

@@ -22,6 +22,9 @@ Two choices of the run are deliberate, and documented in the API itself:
 * ``POST /v1/signals`` may answer 422 to a schema-valid request: a signal names exactly one of
   ``run_id`` and ``correlation_key`` (the API says so; the schema keeps both optional); and 404
   when the run it names does not exist (no generator can know a run id).
+* ``POST /v1/automations/{automation_id}/migrations`` may answer 422 to a schema-valid body:
+  the versions and step ids it names must exist (and the map leave no reachable step
+  unmapped); ``GET /v1/operations/{operation_id}`` answers 404 for an id nobody began.
 * ``PUT /v1/limits/{key}`` may answer 422 to a schema-valid body: a rate needs both ``calls``
   and ``per_seconds``, and a limit needs a cap or a rate (the engine says which is missing).
 """
@@ -80,6 +83,16 @@ CONFIG = {
         {
             "include-name": "POST /v1/signals",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "422"]}},
+        },
+        {
+            # a migration names versions and steps no generator can know: refused with 422
+            "include-name": "POST /v1/automations/{automation_id}/migrations",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        },
+        {
+            # an operation id no generator can know: 404
+            "include-name": "GET /v1/operations/{operation_id}",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
         },
     ],
 }

@@ -55,6 +55,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from onward.api import flow as flow_routes
+from onward.api import migrations as migration_routes
 from onward.api import people as people_routes
 from onward.api import schedules as schedule_routes
 from onward.api.models import (
@@ -367,6 +368,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def onward_error(request: Request, exc: OnwardError) -> JSONResponse:
         for cls, (status, name) in ERRORS.items():
             if isinstance(exc, cls):
+                if isinstance(exc, MigrationRefused):  # every reason, one a line
+                    return _error(status, name, str(exc), problems=exc.problems)
                 return _error(status, name, str(exc))
         raise exc  # not the caller's fault: CatchAll logs it and answers 500
 
@@ -687,6 +690,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(schedule_routes.router())
     app.include_router(people_routes.router())
     app.include_router(flow_routes.router())
+    app.include_router(migration_routes.router())
     _document_automation_schema(app)
     return app
 

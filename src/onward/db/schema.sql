@@ -267,6 +267,8 @@ CREATE TABLE operations (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     finished_at timestamp with time zone,
+    pass integer NOT NULL DEFAULT 1,
+    deferred integer NOT NULL DEFAULT 0,
     CONSTRAINT operations_kind_check CHECK ((kind = ANY (ARRAY['cancel'::text, 'migrate'::text]))),
     CONSTRAINT operations_pkey PRIMARY KEY (org_id, operation_id),
     CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['running'::text, 'done'::text, 'failed'::text])))
@@ -410,6 +412,7 @@ CREATE TABLE steps (
     finished_at timestamp with time zone,
     signals text[],
     failures integer NOT NULL DEFAULT 0,
+    version integer,
     CONSTRAINT steps_pkey PRIMARY KEY (org_id, run_id, seq),
     CONSTRAINT steps_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text, 'done'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text, 'budget'::text, 'migration'::text])))
