@@ -36,6 +36,8 @@ POINTS = {
     "circuit.after_half_open": "circuits half-opened and their probes made ready (committed)",
     "circuit.before_close": "the probe's call succeeded (effect settled); the circuit still half-open",
     "budget.after_reserve": "a call's maximum cost reserved (committed); the call not yet made",
+    "erasure.after_record": "erasure recorded, runs cancelled and pseudonymised; no run erased yet",
+    "erasure.after_run": "one run of an erased contact erased (committed); the others not yet",
 }
 
 
