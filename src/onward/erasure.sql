@@ -156,12 +156,6 @@ SET status = 'done', finished_at = now(), updated_at = now(),
 WHERE org_id = %(org_id)s AND subject = %(subject)s
 RETURNING status, runs_erased, requested_at, requested_by, requests, finished_at;
 
--- name: read
--- One erasure.
-SELECT subject, status, requested_by, requests, runs_erased, requested_at, finished_at,
-       cardinality(digests) AS identifiers
-FROM erasures WHERE org_id = %(org_id)s AND subject = %(subject)s;
-
 -- name: pending
 -- Erasures waiting on runs that were in flight, oldest first, across organisations (the
 -- elected sweeper completes them). Served by erasures_pending.
