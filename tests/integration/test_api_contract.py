@@ -81,6 +81,16 @@ CONFIG = {
             "include-name": "POST /v1/signals",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "422"]}},
         },
+        {  # an email that is not an address, a contact id of blanks: 422
+            "include-name": "POST /v1/contacts/{contact_id}/erase",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        },
+        {  # a generated contact id may be one an earlier case erased: 409 contact_erased
+            "include-name": "POST /v1/runs",
+            "checks": {
+                "positive_data_acceptance": {"expected-statuses": ["2xx", "404", "409", "422"]}
+            },
+        },
     ],
 }
 
