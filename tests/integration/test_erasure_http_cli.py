@@ -25,9 +25,9 @@ MAYA = "maya@example.test"
 @pytest.fixture
 async def http(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     await engine.publish(Automation("hello").step("wait", "wait_for", duration="1h").build())
-    async with ApiServer(create_app(engine), port=0, log_level="warning", access_log=False) as s:
-        async with httpx.AsyncClient(base_url=s.url, timeout=30) as client:
-            yield client
+    server = ApiServer(create_app(engine), port=0, log_level="warning", access_log=False)
+    async with server, httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        yield client
 
 
 async def test_http_erase_cancels_erases_and_refuses_a_later_start(
@@ -83,7 +83,9 @@ async def test_cli_erase_prints_what_it_did_and_refuses_bad_input(
     await engine.publish(Automation("hello").step("wait", "wait_for", duration="1h").build())
     run = await engine.start("hello", {"email": MAYA}, event_id="c1", contact_id=MAYA_ID)
 
-    done = run_onward(db_url, "--org", "test", "contacts", "erase", MAYA_ID, "--by", "dpo", "--json")
+    done = run_onward(
+        db_url, "--org", "test", "contacts", "erase", MAYA_ID, "--by", "dpo", "--json"
+    )
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["status"] == "done"
