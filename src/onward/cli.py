@@ -809,6 +809,7 @@ def chaos(
 # -- command groups in their own modules -------------------------------------------------------
 
 from onward import cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
+from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
@@ -821,6 +822,7 @@ app.add_typer(cli_flow.circuits_app)  # onward circuits list|set
 app.add_typer(cli_flow.budgets_app)  # onward budgets list|set
 app.command()(cli_flow.lanes)  # onward lanes
 runs_app.command("migrate")(cli_migrate.migrate_runs)  # onward runs migrate --automation A ...
+app.add_typer(contacts_app)  # onward contacts erase
 
 # -- entry point -----------------------------------------------------------------------------
 

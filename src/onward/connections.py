@@ -19,8 +19,9 @@ from typing import Any
 
 import httpx
 
+from onward import pseudonyms
 from onward.connectors import Connection, Connector, get_connector_class
-from onward.db import Pool
+from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.effects import Effects
 from onward.errors import AuthorizationError, PermanentError, StepError, UnknownConnection
@@ -33,6 +34,7 @@ NotifyHook = Callable[[str, dict[str, Any]], Awaitable[None]]
 @dataclass(frozen=True)
 class Suppressed:
     reason: str
+    pseudonymous: bool = False  # matched by an erased contact's pseudonym, not the address
 
 
 class Integrations:
@@ -52,6 +54,7 @@ class Integrations:
         self.notify = notify
         self.token_secret: str | None = None  # signs approval tokens (Settings.signing_secret)
         self.budget_lease = 120.0  # a cost reservation's lease (Settings.budget_lease_seconds)
+        self._pseudonym_keys: dict[str, str] = {}  # per organisation; a key never changes
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -171,7 +174,38 @@ class Integrations:
     async def suppression(
         self, org_id: str, contact: str, channel: str = "email"
     ) -> Suppressed | None:
+        """Why ``contact`` must not be contacted on ``channel`` (None: it may be): listed in
+        clear text, or by the pseudonym an erasure left (``onward.erasure``)."""
         row = await self._one(
-            Q.suppression, {"org_id": org_id, "contact": contact, "channel": channel}
+            Q.suppression,
+            {
+                "org_id": org_id,
+                "contact": contact,
+                "pseudonym": await self._pseudonym(org_id, contact),
+                "channel": channel,
+            },
         )
-        return Suppressed(row["reason"]) if row else None
+        return Suppressed(row["reason"], row["pseudonymous"]) if row else None
+
+    async def _pseudonym(self, org_id: str, contact: str) -> str:
+        key = self._pseudonym_keys.get(org_id)
+        if key is None:
+            async with self.pool.connection() as conn:
+                key = self._pseudonym_keys[org_id] = await pseudonyms.key(conn, org_id)
+        return pseudonyms.digest(key, contact)
+
+
+async def pseudonymise_suppressions(
+    conn: Conn, org_id: str, contacts: list[str], digests: list[str], *, reason: str
+) -> dict[str, int]:
+    """Erasure, in the caller's transaction: ``contacts`` (normalised) leave the suppression
+    list and their ``digests`` (pseudonyms) join it, on email and on every channel the clear
+    rows named. Returns ``{"forgotten": clear rows removed, "added": pseudonym rows added}``."""
+    row = await (
+        await conn.execute(
+            Q.pseudonymise,
+            {"org_id": org_id, "contacts": contacts, "digests": digests, "reason": reason},
+        )
+    ).fetchone()
+    assert row is not None
+    return {"forgotten": int(row["forgotten"]), "added": int(row["added"])}

@@ -73,6 +73,30 @@ ON CONFLICT (org_id, contact, channel) DO UPDATE SET reason = EXCLUDED.reason
 RETURNING contact;
 
 -- name: suppression
--- Why a contact must not be contacted on a channel, if they must not.
-SELECT reason, created_at FROM suppressions
-WHERE org_id = %(org_id)s AND contact = lower(%(contact)s) AND channel = %(channel)s;
+-- Why a contact must not be contacted on a channel, if they must not: listed in clear text, or
+-- by its pseudonym (an erased contact, onward.pseudonyms).
+SELECT reason, created_at, contact LIKE 'hmac-sha256:%%' AS pseudonymous FROM suppressions
+WHERE org_id = %(org_id)s AND contact IN (lower(%(contact)s), %(pseudonym)s)
+  AND channel = %(channel)s
+ORDER BY pseudonymous
+LIMIT 1;
+
+-- name: pseudonymise
+-- Erasure: the contact's clear-text suppressions (any channel) are replaced by its pseudonyms,
+-- on email and on every channel it was suppressed on; no address is left in the list.
+WITH gone AS (
+    DELETE FROM suppressions
+    WHERE org_id = %(org_id)s AND contact = ANY(%(contacts)s::text[])
+    RETURNING channel
+),
+channels AS (
+    SELECT 'email' AS channel UNION SELECT channel FROM gone
+),
+added AS (
+    INSERT INTO suppressions (org_id, contact, channel, reason)
+    SELECT %(org_id)s, d.digest, c.channel, %(reason)s
+    FROM unnest(%(digests)s::text[]) AS d(digest) CROSS JOIN channels c
+    ON CONFLICT (org_id, contact, channel) DO NOTHING
+    RETURNING contact
+)
+SELECT (SELECT count(*) FROM gone) AS forgotten, (SELECT count(*) FROM added) AS added;

@@ -209,7 +209,9 @@ async def email_send(step: StepContext) -> Advance:
             if found is not None:
                 result = await integ.effects.settle_found(step, connector, found)
                 return await _sent(step, integ, result)
-        reason = f"{to} must not be emailed: {refused.reason} (checked at send time)"
+        # an erased contact's address is not repeated into the step's output and history
+        who = "the recipient" if refused.pseudonymous else to
+        reason = f"{who} must not be emailed: {refused.reason} (checked at send time)"
         return Advance(output={"sent": False, "reason": reason}, skipped=reason)
     result = await run_effect(
         step,

@@ -22,11 +22,11 @@ from onward import budgets as budget_ops
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
 from onward import circuits as circuit_ops
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
+from onward import erasure, timers
 from onward import lanes as lane_ops
 from onward import limits as limit_ops
 from onward import schedules as schedule_ops
 from onward import signals as signal_ops
-from onward import timers
 from onward.automations.document import AutomationDoc
 from onward.automations.versions import Published, VersionCache, publish, publish_all
 from onward.config import Settings
@@ -312,6 +312,18 @@ class Engine:
 
     async def approvers(self) -> list[dict[str, Any]]:
         return await approval_ops.list_approvers(self.pool, self.org_id)
+
+    async def erase_contact(
+        self, contact_id: str, *, identifiers: Sequence[str] = (), by: str = "operator"
+    ) -> dict[str, Any]:
+        """Erase a contact (R14): cancel its runs, remove their data (history kept as a
+        skeleton), suppress it by a pseudonym. ``identifiers``: its email addresses beyond
+        those its runs' inputs hold. Idempotent; ``status`` is ``pending`` while a run with a
+        step in flight has not stopped (the elected sweeper finishes it). See
+        ``onward.erasure``."""
+        return await erasure.erase_contact(
+            self.pool, self.org_id, contact_id, identifiers=identifiers, by=by
+        )
 
     async def skip_wait(self, run_id: str) -> list[dict[str, Any]]:
         """Skip a waiting run's timer: it fires now (``timer_moved`` in its history, reason

@@ -17,6 +17,7 @@ The hierarchy::
     │                               ``problems`` lists why; no run was moved
     ├── ActionRefused               an operator action does not apply to the run as it is now
     │                               (not parked, already finished, ...); nothing changed
+    ├── ContactErased               a start names a contact that was erased; nothing stored
     ├── SignalRefused               the signal's run has finished or was cancelled; the
     │                               signal was recorded as refused
     ├── DecisionRefused             an approval decision that decided nothing (expired, not
@@ -145,6 +146,16 @@ class ActionRefused(OnwardError):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(message)
+
+
+class ContactErased(OnwardError):
+    """A start names a contact that was erased (or is being erased): nothing was started. A
+    start that only carries an erased address in its input is not refused; its emails to that
+    address are suppressed at send time."""
+
+    def __init__(self, org_id: str, contact_id: str) -> None:
+        self.org_id, self.contact_id = org_id, contact_id
+        super().__init__(f"contact {contact_id!r} was erased in organisation {org_id!r}")
 
 
 class SignalRefused(OnwardError):

@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from onward import ids
+from onward import erasure, ids
 from onward.automations.versions import VersionCache
 from onward.crashpoints import crash_point
 from onward.db import Pool
@@ -99,8 +99,12 @@ async def start_run(
         "contact_id": contact_id,
     }
     async with pool.connection() as conn:
-        cur = await conn.execute(Q.start_run, args)
-        row = await cur.fetchone()
+        if contact_id is None:
+            row = await (await conn.execute(Q.start_run, args)).fetchone()
+        else:  # refused if the contact was erased; ordered with an erasure by its lock
+            async with conn.transaction():
+                await erasure.check_start(conn, org_id, contact_id)
+                row = await (await conn.execute(Q.start_run, args)).fetchone()
         if row is not None:
             crash_point("start.after_commit")
             return Started(row["run_id"], True, start_key)

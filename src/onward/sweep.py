@@ -12,7 +12,8 @@ Every few seconds the leader:
 4. ends waiting runs that outlived their maximum age (R13);
 5. half-opens circuits whose cool-down passed, each with one parked step as its probe, and
    resumes the steps parked on a budget before today (their budget renewed) (R5);
-6. prunes sent outbox rows.
+6. completes erasures that waited on a run with a step in flight (R14);
+7. prunes sent outbox rows.
 
 The sweep fires timers; it never claims steps. Claiming is the workers' job, bounded by their
 free capacity, so the sweep cannot hand out more work than the workers can start.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from onward import budgets, circuits, leases, outbox, schedules, timers
+from onward import budgets, circuits, erasure, leases, outbox, schedules, timers
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
@@ -58,6 +59,7 @@ class SweepStats:
     scheduled: int = 0  # runs started by schedules
     probes: int = 0  # circuits half-opened
     budget_resumed: int = 0
+    erasures: int = 0  # erasures completed after their last run stopped
     lateness: list[float] = field(default_factory=list)
 
 
@@ -160,6 +162,7 @@ class Sweeper:
         self.stats.rescued += await self.rescue()
         self.stats.expired += await self.expire_over_age()
         resumed = await self.flow_control()
+        self.stats.erasures += await erasure.finish_pending(self.pool)
         if self.stats.ticks % 100 == 0:
             self.stats.pruned += await self.prune_outbox()
         self.stats.ticks += 1

@@ -94,6 +94,16 @@ CONFIG = {
             "include-name": "GET /v1/operations/{operation_id}",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
         },
+        {  # an email that is not an address, a contact id of blanks: 422
+            "include-name": "POST /v1/contacts/{contact_id}/erase",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        },
+        {  # a generated contact id may be one an earlier case erased: 409 contact_erased
+            "include-name": "POST /v1/runs",
+            "checks": {
+                "positive_data_acceptance": {"expected-statuses": ["2xx", "404", "409", "422"]}
+            },
+        },
     ],
 }
 

@@ -54,6 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
 from onward.api import migrations as migration_routes
 from onward.api import people as people_routes
@@ -82,6 +83,7 @@ from onward.db import RETRY_AFTER_SECONDS, read, write
 from onward.engine import Engine
 from onward.errors import (
     ActionRefused,
+    ContactErased,
     DecisionRefused,
     InvalidAutomation,
     InvalidInput,
@@ -319,6 +321,7 @@ ERRORS: dict[type[OnwardError], tuple[int, str]] = {
     ActionRefused: (409, "action_refused"),
     PayloadTooLarge: (413, "payload_too_large"),
     SignalRefused: (409, "signal_refused"),
+    ContactErased: (409, "contact_erased"),
     DecisionRefused: (409, "decision_refused"),
     InvalidInput: (422, "invalid_input"),
 }
@@ -580,11 +583,13 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         responses={
             200: {"model": StartAnswer, "description": "A duplicate start: the same run"},
             **NOT_FOUND,
+            **_errors(409),
         },
     )
     async def start(body: StartRequest, org: OrgDep, response: Response) -> Any:
         """Start a run with explicit fields. Start key: ``key``, else ``event_id``, else a
-        hash of ``input`` (weaker). 202 for a new run, 200 for a duplicate."""
+        hash of ``input`` (weaker). 202 for a new run, 200 for a duplicate; 409
+        ``contact_erased`` when ``contact_id`` names an erased contact (nothing started)."""
         started = await org.start(
             body.automation_id,
             body.input,
@@ -691,6 +696,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(people_routes.router())
     app.include_router(flow_routes.router())
     app.include_router(migration_routes.router())
+    app.include_router(contact_routes.router())
     _document_automation_schema(app)
     return app
 

@@ -143,6 +143,7 @@ CREATE TABLE correlations (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT correlations_pkey PRIMARY KEY (org_id, key)
 );
+CREATE INDEX correlations_by_run ON public.correlations USING btree (org_id, run_id);
 
 CREATE TABLE effects (
     org_id text NOT NULL,
@@ -163,6 +164,7 @@ CREATE TABLE effects (
     CONSTRAINT effects_pkey PRIMARY KEY (org_id, effect_key),
     CONSTRAINT effects_status_check CHECK ((status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text, 'settled'::text, 'review'::text])))
 );
+CREATE INDEX effects_by_run ON public.effects USING btree (org_id, run_id);
 CREATE INDEX effects_unsettled ON public.effects USING btree (org_id, lease_until) WHERE (status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text]));
 
 CREATE TABLE engine_secrets (
@@ -172,6 +174,22 @@ CREATE TABLE engine_secrets (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT engine_secrets_pkey PRIMARY KEY (org_id, name)
 );
+
+CREATE TABLE erasures (
+    org_id text NOT NULL,
+    subject text NOT NULL,
+    status text NOT NULL DEFAULT 'pending'::text,
+    digests text[] NOT NULL DEFAULT '{}'::text[],
+    requested_by text NOT NULL,
+    requests integer NOT NULL DEFAULT 1,
+    runs_erased integer NOT NULL DEFAULT 0,
+    requested_at timestamp with time zone NOT NULL DEFAULT now(),
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    finished_at timestamp with time zone,
+    CONSTRAINT erasures_pkey PRIMARY KEY (org_id, subject),
+    CONSTRAINT erasures_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'done'::text])))
+);
+CREATE INDEX erasures_pending ON public.erasures USING btree (org_id, requested_at) WHERE (status = 'pending'::text);
 
 CREATE TABLE history (
     org_id text NOT NULL,
@@ -388,6 +406,7 @@ CREATE TABLE signals (
     CONSTRAINT signals_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'refused'::text, 'late'::text])))
 );
 CREATE INDEX signals_by_key ON public.signals USING btree (org_id, correlation_key) WHERE (run_id IS NULL);
+CREATE INDEX signals_by_run ON public.signals USING btree (org_id, run_id) WHERE (run_id IS NOT NULL);
 CREATE INDEX signals_pending ON public.signals USING btree (org_id, run_id, name, received_at) WHERE (status = 'pending'::text);
 
 CREATE TABLE steps (
