@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from onward.connectors import Connection, Connector, get_connector_class
-from onward.db import Pool
+from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.effects import Effects
 from onward.errors import AuthorizationError, PermanentError, StepError, UnknownConnection
@@ -175,3 +175,10 @@ class Integrations:
             Q.suppression, {"org_id": org_id, "contact": contact, "channel": channel}
         )
         return Suppressed(row["reason"]) if row else None
+
+
+async def status_of(conn: Conn, org_id: str, connection_id: str) -> str | None:
+    """The connection's status (``ok``, ``broken``); None: no such connection."""
+    cur = await conn.execute(Q.get, {"org_id": org_id, "connection_id": connection_id})
+    row = await cur.fetchone()
+    return str(row["status"]) if row else None

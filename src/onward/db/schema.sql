@@ -160,9 +160,11 @@ CREATE TABLE effects (
     last_error jsonb,
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     settled_at timestamp with time zone,
+    retry_approved_by text,
     CONSTRAINT effects_pkey PRIMARY KEY (org_id, effect_key),
-    CONSTRAINT effects_status_check CHECK ((status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text, 'settled'::text, 'review'::text])))
+    CONSTRAINT effects_status_check CHECK ((status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text, 'settled'::text, 'review'::text, 'skipped'::text])))
 );
+CREATE INDEX effects_review ON public.effects USING btree (org_id, run_id, seq) WHERE (status = 'review'::text);
 CREATE INDEX effects_unsettled ON public.effects USING btree (org_id, lease_until) WHERE (status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text]));
 
 CREATE TABLE engine_secrets (
@@ -410,6 +412,7 @@ CREATE TABLE steps (
     finished_at timestamp with time zone,
     signals text[],
     failures integer NOT NULL DEFAULT 0,
+    vars jsonb,
     CONSTRAINT steps_pkey PRIMARY KEY (org_id, run_id, seq),
     CONSTRAINT steps_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text, 'done'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text, 'budget'::text, 'migration'::text])))
