@@ -326,7 +326,7 @@ CREATE TABLE runs (
     erased_at timestamp with time zone,
     CONSTRAINT runs_org_id_start_key_key UNIQUE (org_id, start_key),
     CONSTRAINT runs_pkey PRIMARY KEY (org_id, run_id),
-    CONSTRAINT runs_start_key_kind_check CHECK ((start_key_kind = ANY (ARRAY['event'::text, 'payload_hash'::text, 'caller'::text]))),
+    CONSTRAINT runs_start_key_kind_check CHECK ((start_key_kind = ANY (ARRAY['event'::text, 'payload_hash'::text, 'caller'::text, 'fork'::text]))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['active'::text, 'waiting'::text, 'parked'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'exceeded'::text])))
 );
 CREATE INDEX runs_by_version ON public.runs USING btree (org_id, automation_id, version, run_id) WHERE (finished_at IS NULL);
