@@ -10,6 +10,9 @@
     onward start AUTOMATION [--payload JSON|@file] [--event-id ID] [--key K]
     onward runs [--status S] [--automation A] [--limit N]
     onward show RUN                     one run's timeline
+    onward review resolve RUN --happened --reference REF | --retry | --skip   [--by WHO]
+    onward resume RUN [--by WHO]        a parked run's step is ready again
+    onward fork RUN [--from-step STEP] [--version V] [--by WHO]   retry a failed run, as a new one
     onward sandbox [--host H --port P]  the fake providers, for trying connectors
 
 Global options (before the command) override the environment: ``--app`` (ONWARD_APP: import
@@ -796,7 +799,7 @@ def chaos(
 
 # -- command groups in their own modules -------------------------------------------------------
 
-from onward import cli_flow, cli_people  # noqa: E402  (uses the helpers above)
+from onward import cli_actions, cli_flow, cli_people  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
@@ -808,6 +811,9 @@ app.add_typer(cli_flow.limits_app)  # onward limits list|set|remove
 app.add_typer(cli_flow.circuits_app)  # onward circuits list|set
 app.add_typer(cli_flow.budgets_app)  # onward budgets list|set
 app.command()(cli_flow.lanes)  # onward lanes
+app.add_typer(cli_actions.review_app)  # onward review resolve RUN --happened|--retry|--skip
+app.command()(cli_actions.resume)  # onward resume RUN
+app.command()(cli_actions.fork)  # onward fork RUN [--from-step STEP] [--version V]
 
 # -- entry point -----------------------------------------------------------------------------
 
