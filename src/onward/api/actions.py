@@ -101,9 +101,9 @@ class ForkAnswer(BaseModel):
 
 def router() -> APIRouter:
     """The operator routes, for ``create_app`` to include."""
-    from onward.api.app import NOT_FOUND, NoNulPath, OrgDep, _errors
+    from onward.api.app import NOT_FOUND, JsonRoute, NoNulPath, OrgDep, _errors
 
-    routes = APIRouter(prefix="/v1/runs", tags=["runs"])
+    routes = APIRouter(prefix="/v1/runs", route_class=JsonRoute, tags=["runs"])
     refusals = {**NOT_FOUND, **_errors(409)}
 
     @routes.post("/{run_id}/review", response_model=ActionAnswer, responses=refusals)
