@@ -161,3 +161,9 @@ async def list_circuits(pool: Pool, org_id: str) -> list[dict[str, Any]]:
 async def not_closed_everywhere(conn: Conn, *, limit: int = 50) -> list[dict[str, Any]]:
     """Circuits not closed in any organisation (``onward doctor``)."""
     return list(await (await conn.execute(Q.open_everywhere, {"limit": limit})).fetchall())
+
+
+async def not_closed(conn: Conn, org_id: str, keys: list[str]) -> list[dict[str, Any]]:
+    """The circuits of ``keys`` that are not closed (open or half-open), with ``retry_at``."""
+    cur = await conn.execute(Q.not_closed, {"org_id": org_id, "keys": keys})
+    return list(await cur.fetchall())

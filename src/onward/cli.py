@@ -12,6 +12,9 @@
     onward runs migrate --automation A --from 3 --to 4 [--map old:new,...]
         [--removed-step-policy park|skip-to:STEP|cancel] [--dry-run]   move runs between versions
     onward show RUN                     one run's timeline
+    onward review resolve RUN --happened --reference REF | --retry | --skip   [--by WHO]
+    onward resume RUN [--by WHO]        a parked run's step is ready again
+    onward fork RUN [--from-step STEP] [--version V] [--by WHO]   retry a failed run, as a new one
     onward sandbox [--host H --port P]  the fake providers, for trying connectors
 
 Global options (before the command) override the environment: ``--app`` (ONWARD_APP: import
@@ -808,7 +811,7 @@ def chaos(
 
 # -- command groups in their own modules -------------------------------------------------------
 
-from onward import cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
+from onward import cli_actions, cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
@@ -823,6 +826,9 @@ app.add_typer(cli_flow.budgets_app)  # onward budgets list|set
 app.command()(cli_flow.lanes)  # onward lanes
 runs_app.command("migrate")(cli_migrate.migrate_runs)  # onward runs migrate --automation A ...
 app.add_typer(contacts_app)  # onward contacts erase
+app.add_typer(cli_actions.review_app)  # onward review resolve RUN --happened|--retry|--skip
+app.command()(cli_actions.resume)  # onward resume RUN
+app.command()(cli_actions.fork)  # onward fork RUN [--from-step STEP] [--version V]
 
 # -- entry point -----------------------------------------------------------------------------
 

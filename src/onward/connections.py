@@ -209,3 +209,10 @@ async def pseudonymise_suppressions(
     ).fetchone()
     assert row is not None
     return {"forgotten": int(row["forgotten"]), "added": int(row["added"])}
+
+
+async def status_of(conn: Conn, org_id: str, connection_id: str) -> str | None:
+    """The connection's status (``ok``, ``broken``); None: no such connection."""
+    cur = await conn.execute(Q.get, {"org_id": org_id, "connection_id": connection_id})
+    row = await cur.fetchone()
+    return str(row["status"]) if row else None

@@ -12,6 +12,9 @@
    Else, if the provider deduplicates idempotency keys, begin a new attempt with the SAME key
    (likewise where a repeat only costs, like a model generation: ``repeat_is_harmless``).
    Else park for a person (``review``) with what is known: key, first attempt, last error.
+   A person resolves it (:func:`resolve`, in the transaction of ``onward.actions``): it
+   happened (settled with the provider's reference), retry with the same key (one more
+   attempt is allowed), or skip (never called again).
 5. Perform, heartbeating the effect lease; settle the result. A dropped connection after the
    request was sent marks the effect ``outcome_unknown``; an answer that says the work was not
    done (429, 401, 4xx, 5xx) withdraws the claim so the next attempt starts clean.
@@ -32,7 +35,7 @@ from psycopg.types.json import Jsonb
 
 from onward.connectors.base import Connector
 from onward.crashpoints import crash_point
-from onward.db import Pool
+from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import NeedsReview, OutcomeUnknown, StepError
 from onward.kinds import StepContext
@@ -97,7 +100,7 @@ class Effects:
             status = row["status"]
             if status == "settled":
                 return dict(row["result"] or {})
-            if status == "review":
+            if status in ("review", "skipped"):
                 raise self._review(key, connector, row)
             if status == "in_flight":
                 if row["lease_live"]:
@@ -112,7 +115,8 @@ class Effects:
                 if found is not None:
                     return await self._settle(args, found)
             harmless = connector.repeat_is_harmless or harmless_repeat
-            if not connector.supports_idempotency and not harmless:
+            approved = row.get("retry_approved_by") is not None  # a person allowed one more
+            if not connector.supports_idempotency and not harmless and not approved:
                 parked = await self._one(Q.park_for_review, {**args, "error": None})
                 raise self._review(key, connector, parked or row)
             begun = await self._one(Q.begin_attempt, args)
@@ -194,3 +198,43 @@ class Effects:
             f"(first attempt {known['first_attempt_at']}, {known['attempts']} attempt(s))",
             detail=known,
         )
+
+
+#: How a person may resolve an effect parked for review, and the query each one runs.
+RESOLUTIONS = ("happened", "retry", "skip")
+
+
+async def in_review(conn: Conn, org_id: str, run_id: str, seq: int) -> list[dict[str, Any]]:
+    """The effects of one step entry that wait for a person, locked until the transaction ends."""
+    cur = await conn.execute(Q.in_review, {"org_id": org_id, "run_id": run_id, "seq": seq})
+    return list(await cur.fetchall())
+
+
+def happened_result(reference: str, by: str) -> dict[str, Any]:
+    """The result recorded for a call a person says happened: the provider's reference as its
+    ``id`` (what the kinds read of a result, e.g. a message id), and who said so."""
+    return {"id": reference, "reference": reference, "resolved": {"how": "happened", "by": by}}
+
+
+async def resolve(
+    conn: Conn, org_id: str, effect_key: str, how: str, *, by: str, reference: str | None = None
+) -> bool:
+    """A person's resolution of an effect in ``review``, in the caller's transaction:
+    ``happened`` settles it with :func:`happened_result`; ``retry`` makes it
+    ``outcome_unknown`` with one more attempt allowed under the same idempotency key;
+    ``skip`` makes it ``skipped``. False: it is no longer in review (a late result settled
+    it)."""
+    args: dict[str, Any] = {"org_id": org_id, "effect_key": effect_key, "by": by}
+    if how == "happened":
+        if not reference:
+            raise ValueError("a call that happened needs the provider's reference")
+        query = Q.resolve_happened
+        args["result"] = Jsonb(happened_result(reference, by))
+    elif how == "retry":
+        query = Q.resolve_retry
+    elif how == "skip":
+        query = Q.resolve_skip
+    else:
+        raise ValueError(f"unknown resolution {how!r}: one of {', '.join(RESOLUTIONS)}")
+    cur = await conn.execute(query, args)
+    return await cur.fetchone() is not None

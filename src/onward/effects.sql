@@ -16,7 +16,7 @@ RETURNING owner_token;
 -- name: read
 -- The effect as it stands, with whether its lease is still live by the database clock.
 SELECT effect_key, status, owner_token, attempts, first_attempt_at, last_attempt_at, result,
-       last_error, lease_until, coalesce(lease_until > now(), false) AS lease_live,
+       last_error, lease_until, retry_approved_by, coalesce(lease_until > now(), false) AS lease_live,
        greatest(0, extract(epoch FROM lease_until - now()))::float8 AS lease_left_s
 FROM effects WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s;
 
@@ -31,10 +31,12 @@ RETURNING owner_token;
 
 -- name: begin_attempt
 -- A new attempt of an effect whose outcome is unknown (after reconcile found nothing, for a
--- provider that deduplicates the idempotency key): a new owner token and a new lease.
+-- provider that deduplicates the idempotency key, or one a person allowed: retry_approved_by):
+-- a new owner token and a new lease. A person's permission is spent by the attempt it allowed.
 UPDATE effects
 SET status = 'in_flight', owner_token = owner_token + 1, attempts = attempts + 1,
-    lease_until = now() + make_interval(secs => %(lease)s), last_attempt_at = now()
+    lease_until = now() + make_interval(secs => %(lease)s), last_attempt_at = now(),
+    retry_approved_by = NULL
 WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
 RETURNING owner_token;
 
@@ -82,3 +84,34 @@ UPDATE effects SET status = 'review', lease_until = NULL,
                    last_error = coalesce(%(error)s, last_error)
 WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
 RETURNING first_attempt_at, attempts, last_error;
+
+-- name: in_review
+-- The effects of one step entry that wait for a person (effects_review), locked: a person's
+-- resolution and a late result (settle) are ordered.
+SELECT effect_key, provider, attempts, first_attempt_at, last_attempt_at, last_error
+FROM effects
+WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'review'
+ORDER BY effect_key
+FOR UPDATE;
+
+-- name: resolve_happened
+-- A person checked with the provider: the call happened, and this is its result (with the
+-- provider's reference). Every later attempt returns it without calling the provider.
+UPDATE effects
+SET status = 'settled', result = %(result)s, settled_at = now(), lease_until = NULL
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'review'
+RETURNING effect_key, result;
+
+-- name: resolve_retry
+-- A person allows one more attempt with the same idempotency key (the provider does not
+-- deduplicate it: they checked that the call did not happen, or accept a repeat).
+UPDATE effects
+SET status = 'outcome_unknown', retry_approved_by = %(by)s, lease_until = NULL
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'review'
+RETURNING effect_key;
+
+-- name: resolve_skip
+-- A person lets the run go on without this effect: it is never called again.
+UPDATE effects SET status = 'skipped', lease_until = NULL
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'review'
+RETURNING effect_key;

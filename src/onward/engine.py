@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from onward import actions, erasure, timers
 from onward import approvals as approval_ops  # (also registers the approval kind)
 from onward import budgets as budget_ops
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
 from onward import circuits as circuit_ops
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
-from onward import erasure, timers
 from onward import lanes as lane_ops
 from onward import limits as limit_ops
 from onward import schedules as schedule_ops
@@ -330,6 +330,60 @@ class Engine:
         ``skipped``). Empty when the run waits on no timer. Raises ``UnknownRun``."""
         await self.status(run_id)
         return await timers.skip(self.pool, self.org_id, run_id, worker=self.id)
+
+    # -- operator actions (B2/B3): resolve a review, resume, fork ------------------------------
+    async def resolve_review(
+        self,
+        run_id: str,
+        how: str,
+        *,
+        by: str,
+        reference: str | None = None,
+        effect_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Resolve the review a run is parked for: ``happened`` (with the provider's
+        ``reference``), ``retry`` (the same idempotency key) or ``skip``. Raises ``UnknownRun``,
+        ``ActionRefused`` (not parked for review, finished, ...: nothing changed)."""
+        return await actions.resolve_review(
+            self.pool,
+            self.org_id,
+            run_id,
+            how,
+            by=by,
+            reference=reference,
+            effect_key=effect_key,
+            worker=self.id,
+        )
+
+    async def resume(self, run_id: str, *, by: str) -> dict[str, Any]:
+        """Resume a parked run (``reconnect``, ``budget``, ``circuit``, ``migration``: see
+        ``onward.actions``); its step is ready again. Raises ``UnknownRun``,
+        ``ActionRefused``."""
+        return await actions.resume(
+            self.pool, self.org_id, run_id, by=by, versions=self.versions, worker=self.id
+        )
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        by: str,
+        from_step: str | None = None,
+        version: int | None = None,
+    ) -> actions.Forked:
+        """Retry a failed, cancelled or exceeded run from a chosen step (default: where it
+        stopped) as a new run linked to it; asking twice returns the first fork. Raises
+        ``UnknownRun``, ``UnknownAutomation`` (no such version), ``ActionRefused``."""
+        return await actions.fork(
+            self.pool,
+            self.org_id,
+            run_id,
+            by=by,
+            versions=self.versions,
+            registry=self.registry,
+            from_step=from_step,
+            version=version,
+        )
 
     # -- flow control (R5): limits, circuits, budgets, lanes -----------------------------------
     async def set_limit(

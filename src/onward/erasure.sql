@@ -83,9 +83,11 @@ UPDATE timers SET intent = jsonb_build_object('redacted', 'erased')
 WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
 
 -- name: redact_steps
--- The run's steps keep their ids, kinds, statuses and times; outputs, errors and wakes go.
+-- The run's steps keep their ids, kinds, statuses and times; outputs, the variables they set,
+-- errors and wakes go.
 UPDATE steps
 SET output = CASE WHEN output IS NULL THEN NULL ELSE jsonb_build_object('redacted', 'erased') END,
+    vars = CASE WHEN vars IS NULL THEN NULL ELSE jsonb_build_object('redacted', 'erased') END,
     error = CASE WHEN error IS NULL THEN NULL ELSE jsonb_build_object('redacted', 'erased') END,
     wake = CASE WHEN wake IS NULL THEN NULL ELSE jsonb_build_object('redacted', 'erased') END
 WHERE org_id = %(org_id)s AND run_id = %(run_id)s;

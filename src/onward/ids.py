@@ -67,6 +67,12 @@ def schedule_start_key(automation_id: str, schedule_id: str, instant: str) -> st
     return f"{automation_id}:schedule:{schedule_id}:{instant}"
 
 
+def fork_start_key(run_id: str, seq: int, version: int) -> str:
+    """A fork's start key: ``fork:<run_id>:<seq>:v<version>`` -- the run and step entry it was
+    forked from and the version it runs on, so asking for the same fork twice finds the first."""
+    return f"fork:{run_id}:{seq}:v{version}"
+
+
 def correlation_key(channel: str, ref: str) -> str:
     """What leads an answer back to its run (R9): ``<channel>:<the provider's id of the thing
     answered>``, e.g. ``email:msg_4f2a`` -- a reply names the message it answers

@@ -66,8 +66,8 @@ WITH x AS (
 ),
 done AS (
     UPDATE steps s
-    SET status = x.done_status, output = x.output, owner = NULL, lease_until = NULL,
-        finished_at = now(), updated_at = now()
+    SET status = x.done_status, output = x.output, vars = nullif(x.vars, '{}'::jsonb),
+        owner = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM x
     WHERE s.org_id = x.org_id AND s.run_id = x.run_id AND s.seq = x.seq
       AND s.attempt = x.attempt AND s.status = 'running'

@@ -234,10 +234,24 @@ def after_result(
         nd = doc.step(next_id)
     except KeyError:
         return Stop("failed", "failed", f"step {step.id}: no step {next_id!r}")
-    nspec = registry.get(nd.kind)
-    lane = nd.lane or (nspec.lane if nspec else "io")
+    lane = step_lane(nd, registry)
     iteration = int((visits or {}).get(nd.id, 0)) + 1
     return Proceed(output, new_vars, NextStep(nd.id, nd.kind, lane, iteration), adv.skipped)
+
+
+def step_lane(step: StepDef, registry: Registry) -> str:
+    """The lane a step runs in: its own, else its kind's, else ``io``."""
+    spec = registry.get(step.kind)
+    return step.lane or (spec.lane if spec else "io")
+
+
+def skipped_by_operator(wake: Mapping[str, Any] | None) -> Advance | None:
+    """A person resolved the step's review with "skip" (``onward.actions``): it ends skipped
+    without running its kind, and the run goes on to its next step (then ``after_result``)."""
+    if not wake or wake.get("by") != "review" or wake.get("how") != "skip":
+        return None
+    reason = f"skipped by {wake.get('operator') or 'an operator'} after review"
+    return Advance(output={"skipped": True, "by": wake.get("operator")}, skipped=reason)
 
 
 def _as_stored(value: Any) -> Any:
@@ -260,5 +274,7 @@ __all__ = [
     "error_detail",
     "kind_not_registered",
     "params_do_not_fit",
+    "skipped_by_operator",
+    "step_lane",
     "step_not_in_version",
 ]

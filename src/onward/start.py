@@ -116,3 +116,57 @@ async def start_run(
         what = f"version {version} of " if version else ""
         raise UnknownAutomation(f"no published {what}automation {automation_id!r} in {org_id!r}")
     return Started(dup["run_id"], False, start_key)
+
+
+@dataclass(frozen=True)
+class ForkPlan:
+    """Where a fork starts: the run it comes from, the step entry it starts at (same ``seq``,
+    its ``iteration``), that step's kind and lane in ``version``, and what the run knew before
+    it (``ctx``: variables and step outputs; ``visits``: entries per step id)."""
+
+    from_run_id: str
+    automation_id: str
+    version: int
+    seq: int
+    step_id: str
+    kind: str
+    lane: str
+    iteration: int
+    ctx: dict[str, Any]
+    visits: dict[str, int]
+
+
+async def fork_run(pool: Pool, org_id: str, plan: ForkPlan, *, by: str) -> Started:
+    """Start the fork ``plan`` describes (one statement, one commit; ``start.sql fork_run``):
+    a new run linked to the old one (``runs.forked_from``), with copies of the steps before the
+    chosen one and ``run_forked`` in both runs' history. Its start key
+    (``ids.fork_start_key``) makes a repeat return the first fork (``created`` False)."""
+    start_key = ids.fork_start_key(plan.from_run_id, plan.seq, plan.version)
+    args = {
+        "org_id": org_id,
+        "run_id": ids.new_run_id(),
+        "from_run_id": plan.from_run_id,
+        "automation_id": plan.automation_id,
+        "version": plan.version,
+        "start_key": start_key,
+        "seq": plan.seq,
+        "step_id": plan.step_id,
+        "kind": plan.kind,
+        "lane": plan.lane,
+        "iteration": plan.iteration,
+        "ctx": Jsonb(plan.ctx),
+        "visits": Jsonb(plan.visits),
+        "by": by,
+    }
+    async with pool.connection() as conn:
+        row = await (await conn.execute(Q.fork_run, args)).fetchone()
+        if row is not None:
+            return Started(row["run_id"], True, start_key)
+        dup = await (
+            await conn.execute(Q.find_duplicate, {"org_id": org_id, "start_key": start_key})
+        ).fetchone()
+    if dup is None:
+        raise UnknownAutomation(
+            f"no published version {plan.version} of automation {plan.automation_id!r}"
+        )
+    return Started(dup["run_id"], False, start_key)

@@ -62,3 +62,76 @@ h AS (
     FROM r
 )
 SELECT run_id FROM r;
+
+-- name: fork_run
+-- A new run made from a finished one (an operator's retry from a chosen step), in one
+-- statement: the run (same input and contact, forked_from the old run, the variables and
+-- outputs of the steps before the chosen one in ctx), copies of those done steps (not run
+-- again), the chosen step ready at the same seq, a wake, and the history of both runs
+-- (run_forked). No row: the fork's start key exists already (find_duplicate), or no such
+-- version.
+WITH v AS (
+    SELECT version, max_steps, max_age_s FROM automation_versions
+    WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND version = %(version)s
+),
+old AS (
+    SELECT org_id, run_id, input, contact_id FROM runs
+    WHERE org_id = %(org_id)s AND run_id = %(from_run_id)s
+),
+run AS (
+    INSERT INTO runs (org_id, run_id, automation_id, version, start_key, start_key_kind, status,
+                      input, ctx, visits, current_seq, max_steps, deadline_at, contact_id,
+                      forked_from)
+    SELECT old.org_id, %(run_id)s, %(automation_id)s, v.version, %(start_key)s, 'fork', 'active',
+           old.input, %(ctx)s, %(visits)s, %(seq)s, v.max_steps,
+           now() + make_interval(secs => v.max_age_s), old.contact_id, old.run_id
+    FROM v, old
+    ON CONFLICT (org_id, start_key) DO NOTHING
+    RETURNING org_id, run_id, version
+),
+copied AS (
+    INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status, attempt,
+                       output, vars, created_at, finished_at)
+    SELECT s.org_id, run.run_id, s.seq, s.step_id, s.kind, s.lane, s.iteration, s.status,
+           s.attempt, s.output, s.vars, s.created_at, s.finished_at
+    FROM steps s JOIN run ON run.org_id = s.org_id
+    WHERE s.org_id = %(org_id)s AND s.run_id = %(from_run_id)s AND s.seq < %(seq)s
+      AND s.status IN ('done', 'skipped')
+),
+started AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
+    SELECT run.org_id, run.run_id, e.event, e.seq, e.step_id, e.detail
+    FROM run CROSS JOIN LATERAL (VALUES
+        (1, 'run_started', NULL::int, NULL::text,
+         jsonb_build_object('automation_id', %(automation_id)s::text, 'version', run.version,
+                            'start_key', %(start_key)s::text, 'start_key_kind', 'fork',
+                            'forked_from', %(from_run_id)s::text)),
+        (2, 'run_forked', %(seq)s::int, %(step_id)s::text,
+         jsonb_build_object('forked_from', %(from_run_id)s::text, 'from_step', %(step_id)s::text,
+                            'seq', %(seq)s::int, 'version', run.version, 'by', %(by)s::text))
+    ) AS e(ord, event, seq, step_id, detail)
+    ORDER BY e.ord
+    RETURNING org_id, run_id
+),
+old_history AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
+    SELECT old.org_id, old.run_id, 'run_forked', %(seq)s, %(step_id)s,
+           jsonb_build_object('fork', run.run_id, 'from_step', %(step_id)s::text,
+                              'seq', %(seq)s::int, 'version', run.version, 'by', %(by)s::text)
+    FROM old JOIN run ON run.org_id = old.org_id
+),
+step AS (
+    INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status)
+    SELECT run.org_id, run.run_id, %(seq)s, %(step_id)s, %(kind)s, %(lane)s, %(iteration)s, 'ready'
+    FROM run
+    RETURNING org_id, run_id, seq, step_id, lane, attempt, available_at
+),
+ready AS (
+    -- after `started`, so the fork's first history rows come before its step's
+    SELECT step.org_id, step.run_id, step.seq, step.step_id, step.lane, step.attempt,
+           step.available_at AS deliver_at, 'step_ready' AS event, NULL::text AS worker,
+           jsonb_build_object('lane', step.lane, 'iteration', %(iteration)s::int) AS detail
+    FROM step WHERE EXISTS (SELECT 1 FROM started)
+),
+{{announce_ready}}
+SELECT run_id, version FROM run;

@@ -278,6 +278,9 @@ class Worker:
         except (UnknownAutomation, KeyError):
             await self._write(token, policy.step_not_in_version(row["step_id"]))
             return None
+        skipped = policy.skipped_by_operator(row["wake"])
+        if skipped is not None:  # a person chose "skip": the kind does not run
+            return await self._after_result(row, token, step, doc, skipped)
         spec = self.registry.get(row["kind"])
         if spec is None:
             await self._write(token, policy.kind_not_registered(row["kind"], self.id))
@@ -331,6 +334,11 @@ class Worker:
             )
             return None
         crash_point("worker.before_settle")
+        return await self._after_result(row, token, step, doc, result)
+
+    async def _after_result(
+        self, row: dict[str, Any], token: Token, step: StepDef, doc: AutomationDoc, result: Any
+    ) -> dict[str, Any] | None:
         t = policy.after_result(
             result, step=step, doc=doc, registry=self.registry, visits=row["visits"]
         )

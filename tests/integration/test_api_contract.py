@@ -25,6 +25,9 @@ Two choices of the run are deliberate, and documented in the API itself:
 * ``POST /v1/automations/{automation_id}/migrations`` may answer 422 to a schema-valid body:
   the versions and step ids it names must exist (and the map leave no reachable step
   unmapped); ``GET /v1/operations/{operation_id}`` answers 404 for an id nobody began.
+* the operator actions (``POST /v1/runs/{run_id}/review``, ``/resume``, ``/fork``) may answer
+  404 (no generator can know a run id), 409 (the action does not apply to the run as it is)
+  and 422 (``happened`` without its reference, or a reference with another resolution).
 * ``PUT /v1/limits/{key}`` may answer 422 to a schema-valid body: a rate needs both ``calls``
   and ``per_seconds``, and a limit needs a cap or a rate (the engine says which is missing).
 """
@@ -104,6 +107,19 @@ CONFIG = {
                 "positive_data_acceptance": {"expected-statuses": ["2xx", "404", "409", "422"]}
             },
         },
+    ]
+    + [
+        {
+            "include-name": name,
+            "checks": {
+                "positive_data_acceptance": {"expected-statuses": ["2xx", "404", "409", "422"]}
+            },
+        }
+        for name in (
+            "POST /v1/runs/{run_id}/review",
+            "POST /v1/runs/{run_id}/resume",
+            "POST /v1/runs/{run_id}/fork",
+        )
     ],
 }
 

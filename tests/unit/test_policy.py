@@ -119,6 +119,18 @@ def test_skipped_is_done_on_purpose() -> None:
     assert t == policy.Proceed(None, {}, None, skipped="suppressed")
 
 
+def test_a_review_resolved_as_skip_is_skipped_without_running_the_kind() -> None:
+    wake = {"by": "review", "how": "skip", "operator": "ana", "reference": None}
+    skipped = policy.skipped_by_operator(wake)
+    assert skipped == Advance(output={"skipped": True, "by": "ana"}, skipped=skipped.skipped)
+    assert skipped.skipped == "skipped by ana after review"
+    t = result(skipped, step="a")
+    assert isinstance(t, policy.Proceed) and t.skipped == "skipped by ana after review"
+    assert t.next_step is not None and t.next_step.step_id == DOC.step("a").next
+    for other in (None, {}, {"by": "review", "how": "retry"}, {"by": "timer"}):
+        assert policy.skipped_by_operator(other) is None
+
+
 def test_wait_becomes_a_timer() -> None:
     t = result(Wait(due_in=2.5, intent={"duration": "2.5s"}))
     assert t == policy.WaitTimer(2.5, {"duration": "2.5s"})

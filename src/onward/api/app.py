@@ -54,6 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onward.api import actions as action_routes
 from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
 from onward.api import migrations as migration_routes
@@ -697,6 +698,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(flow_routes.router())
     app.include_router(migration_routes.router())
     app.include_router(contact_routes.router())
+    app.include_router(action_routes.router())
     _document_automation_schema(app)
     return app
 

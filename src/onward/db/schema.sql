@@ -161,10 +161,12 @@ CREATE TABLE effects (
     last_error jsonb,
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     settled_at timestamp with time zone,
+    retry_approved_by text,
     CONSTRAINT effects_pkey PRIMARY KEY (org_id, effect_key),
-    CONSTRAINT effects_status_check CHECK ((status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text, 'settled'::text, 'review'::text])))
+    CONSTRAINT effects_status_check CHECK ((status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text, 'settled'::text, 'review'::text, 'skipped'::text])))
 );
 CREATE INDEX effects_by_run ON public.effects USING btree (org_id, run_id);
+CREATE INDEX effects_review ON public.effects USING btree (org_id, run_id, seq) WHERE (status = 'review'::text);
 CREATE INDEX effects_unsettled ON public.effects USING btree (org_id, lease_until) WHERE (status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text]));
 
 CREATE TABLE engine_secrets (
@@ -344,7 +346,7 @@ CREATE TABLE runs (
     erased_at timestamp with time zone,
     CONSTRAINT runs_org_id_start_key_key UNIQUE (org_id, start_key),
     CONSTRAINT runs_pkey PRIMARY KEY (org_id, run_id),
-    CONSTRAINT runs_start_key_kind_check CHECK ((start_key_kind = ANY (ARRAY['event'::text, 'payload_hash'::text, 'caller'::text]))),
+    CONSTRAINT runs_start_key_kind_check CHECK ((start_key_kind = ANY (ARRAY['event'::text, 'payload_hash'::text, 'caller'::text, 'fork'::text]))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['active'::text, 'waiting'::text, 'parked'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'exceeded'::text])))
 );
 CREATE INDEX runs_by_version ON public.runs USING btree (org_id, automation_id, version, run_id) WHERE (finished_at IS NULL);
@@ -432,6 +434,7 @@ CREATE TABLE steps (
     signals text[],
     failures integer NOT NULL DEFAULT 0,
     version integer,
+    vars jsonb,
     CONSTRAINT steps_pkey PRIMARY KEY (org_id, run_id, seq),
     CONSTRAINT steps_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text, 'done'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text, 'budget'::text, 'migration'::text])))
