@@ -143,6 +143,7 @@ CREATE TABLE correlations (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT correlations_pkey PRIMARY KEY (org_id, key)
 );
+CREATE INDEX correlations_by_run ON public.correlations USING btree (org_id, run_id);
 
 CREATE TABLE effects (
     org_id text NOT NULL,
@@ -163,6 +164,7 @@ CREATE TABLE effects (
     CONSTRAINT effects_pkey PRIMARY KEY (org_id, effect_key),
     CONSTRAINT effects_status_check CHECK ((status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text, 'settled'::text, 'review'::text])))
 );
+CREATE INDEX effects_by_run ON public.effects USING btree (org_id, run_id);
 CREATE INDEX effects_unsettled ON public.effects USING btree (org_id, lease_until) WHERE (status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text]));
 
 CREATE TABLE engine_secrets (
@@ -386,6 +388,7 @@ CREATE TABLE signals (
     CONSTRAINT signals_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'refused'::text, 'late'::text])))
 );
 CREATE INDEX signals_by_key ON public.signals USING btree (org_id, correlation_key) WHERE (run_id IS NULL);
+CREATE INDEX signals_by_run ON public.signals USING btree (org_id, run_id) WHERE (run_id IS NOT NULL);
 CREATE INDEX signals_pending ON public.signals USING btree (org_id, run_id, name, received_at) WHERE (status = 'pending'::text);
 
 CREATE TABLE steps (
