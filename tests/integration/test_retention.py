@@ -315,3 +315,74 @@ async def test_the_sweeper_prunes_100000_finished_runs_while_workers_keep_comple
         (started,),
     ).fetchall()
     assert {r["status"]: r["n"] for r in statuses} == {"completed": len(started)}
+
+
+async def test_doctor_reports_the_oldest_finished_run_and_the_table_sizes(
+    engine: Engine, sql: psycopg.Connection[Any]
+) -> None:
+    from onward.doctor import run_checks
+
+    checks = {c.name: c for c in await run_checks(engine)}
+    assert checks["retention"].ok and checks["retention"].detail == "no finished runs"
+    fill(sql, "test", 50, age_days=40)  # ANALYZEs runs, steps, history
+    checks = {c.name: c for c in await run_checks(engine)}
+    behind = checks["retention"]
+    assert not behind.ok and "behind their retention: test" in behind.detail
+    assert 40 < behind.value["test"]["age_days"] < 40.1 and behind.value["test"]["days"] == 30
+    sizes = checks["table_sizes"].value
+    assert set(sizes) == set(tables(sql))
+    assert sizes["runs"]["rows"] == 50 and sizes["history"]["rows"] == 400
+    assert all(v["bytes"] > 0 for v in sizes.values())
+    await engine.prune()
+    assert {c.name: c for c in await run_checks(engine)}["retention"].ok
+
+
+def test_retention_from_the_command_line(db_url: str, sql: psycopg.Connection[Any]) -> None:
+    import json
+
+    from onward.testing import run_onward
+
+    def refused(*args: str) -> str:
+        out = run_onward(db_url, "retention", *args)
+        lines = out.stderr.splitlines()
+        assert out.returncode == 2 and out.stdout == "" and len(lines) == 1, out
+        assert lines[0].startswith("onward: ")
+        return lines[0]
+
+    assert "between 1 and 36525" in refused("set", "--days", "0.5")
+    assert "one of --days N, --keep-forever, --default" in refused("set")
+    assert "one of" in refused("set", "--days", "5", "--keep-forever")
+    assert sql.execute("SELECT count(*) AS n FROM organisations").fetchone()["n"] == 0
+    fill(sql, "default", 20, age_days=40)
+    out = run_onward(db_url, "retention", "set", "--days", "90")
+    assert out.returncode == 0 and "kept 90 days (its own)" in out.stdout, out
+    shown = json.loads(run_onward(db_url, "retention", "show", "--json").stdout)
+    assert shown["days"] == 90 and shown["source"] == "organisation"
+    assert run_onward(db_url, "retention", "set", "--default").returncode == 0
+    dry = json.loads(run_onward(db_url, "retention", "prune", "--dry-run", "--json").stdout)
+    assert dry["due"] == 20 and dry["pruned"] == 0
+    out = run_onward(db_url, "retention", "prune")
+    assert out.returncode == 0 and "deleted 20 finished runs" in out.stdout, out
+    assert sql.execute("SELECT count(*) AS n FROM runs").fetchone()["n"] == 0
+    out = run_onward(db_url, "retention", "set", "--keep-forever")
+    assert "kept forever" in out.stdout
+
+
+def test_bench_retention_quick_prunes_the_whole_backlog_beside_the_workers(db_url: str) -> None:
+    """The command works and its figures hang together; no timing target (a noisy machine)."""
+    import json
+
+    from onward.testing import run_onward
+
+    out = run_onward(db_url, "bench", "retention", "--quick", "--json", timeout=600)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["backlog"] == 5_000 and res["pruned"] == 5_000 and res["left"] == 0
+    assert res["rows_deleted"]["history"] == 8 * 5_000
+    assert res["batches"] >= 10  # 500 runs a batch at most
+    for phase in ("before", "pruning", "between", "after"):
+        assert res[phase]["steps"] > 0 and res[phase]["steps_per_s"] > 0, phase
+    assert res["prune_runs_per_s"] > 0 and res["ratio"] > 0
+    plan = "\n".join(res["explain"])
+    assert "Index Scan using runs_finished on runs" in plan
+    assert "history_pkey" in plan and "steps_pkey" in plan

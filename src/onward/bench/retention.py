@@ -4,22 +4,24 @@ A scratch database gets ``backlog`` finished runs (100,000; 5,000 with ``--quick
 days ago, each with the rows a real two-step run leaves (a run, two ``set`` steps, eight history
 rows), written set-based with ``generate_series`` (:func:`fill`). The engine's worker and relay
 run in this process, fed by a driver that keeps ``in_flight`` three-step runs going. One sitting,
-two phases of the same load:
+windows of the same load, adjacent in time so the machine's drift cancels:
 
-1. **Without pruning**: the organisation keeps finished runs forever; the workers' steps per
-   second over ``window`` seconds (steps done in the window, by the database's clock).
-2. **During pruning**: a real elected ``Sweeper`` whose pruner has the default limits (500 runs
-   a batch, a tick time-boxed to 0.5 s) and the organisation's retention set to 30 days; the
-   same steps per second, while the backlog is deleted, and the prune rate (runs per second
-   from the first batch to the last).
+1. **before**: the organisation keeps finished runs forever; the workers' steps per second over
+   ``window`` seconds (steps done in the window, by the database's clock).
+2. then, the retention set to 30 days, alternately a window with a real elected ``Sweeper``
+   running (its pruner with the default limits: 500 runs a batch, at most 8 batches and 0.5 s a
+   tick, a tick every 2 s) and a window without it, until the backlog is gone: steps per
+   second **pruning** versus **between**, and the prune rate (runs per second of pruning window);
+3. **after**: the same load again, nothing left to prune (autovacuum of the deleted rows may run).
 
-It prints both steps/s side by side with their ratio, the prune rate and the rows deleted, and
-the EXPLAIN of one prune batch on the full backlog (taken before phase 2, rolled back).
+It prints the four steps/s side by side, the ratio pruning / between, the prune rate, the rows
+deleted, and the EXPLAIN of one prune batch on the full backlog (taken first, rolled back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -172,50 +174,66 @@ async def _db_now(engine: Engine) -> Any:
     return row["t"]
 
 
+async def _measure(engine: Engine, seconds: float, busy: Any = None) -> tuple[int, float]:
+    """Steps done by the workers over ``seconds`` (database clock), while ``busy`` (a coroutine
+    that runs until the window ends) runs beside them."""
+    t0 = await _db_now(engine)
+    if busy is None:
+        await asyncio.sleep(seconds)  # a measuring window of the same load
+    else:
+        await busy
+    t1 = await _db_now(engine)
+    return await _steps_done_between(engine, t0, t1), (t1 - t0).total_seconds()
+
+
 async def _run(url: str, *, backlog: int, window: float, in_flight: int) -> dict[str, Any]:
     settings = Settings(
-        database_url=url, org_id="bench", queue="postgres", poll_seconds=0.5, sweep_seconds=1.0
-    )
+        database_url=url, org_id="bench", queue="postgres", poll_seconds=0.5
+    )  # the sweep every 2 s, as by default
     t_fill = time.monotonic()
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         fill(conn, "bench", backlog, age_days=40)
         explain = explain_batch(conn, "bench")
     fill_s = time.monotonic() - t_fill
+    on = [0, 0.0]  # steps, seconds with the pruning sweeper running
+    off = [0, 0.0]  # the windows between them, nothing pruned
     async with Engine.open(settings, migrate=False) as engine:
         await engine.publish(_flow())
         await engine.set_retention(keep_forever=True)
         stop = asyncio.Event()
+        sweeper = Sweeper(
+            engine.pool,
+            worker_id="bench-sweeper",
+            interval=settings.sweep_seconds,
+            retention_days=settings.retention_days,
+            prune_limits=PruneLimits(idle_seconds=0.5),
+        )
+
+        async def sweeping(seconds: float) -> None:
+            """The elected sweeper, pruning, for ``seconds`` (or until the backlog is gone)."""
+            sweep_stop = asyncio.Event()
+            task = asyncio.create_task(sweeper.run(sweep_stop))
+
+            async def done() -> bool:
+                return sweeper.pruner.stats.runs >= backlog
+
+            with contextlib.suppress(AssertionError):  # the window ended first
+                await eventually(done, timeout=seconds, interval=0.1, what="backlog pruned")
+            sweep_stop.set()
+            await task
+
         async with engine.running(sweeper=False):
             driver = asyncio.create_task(_drive(engine, stop, in_flight))
             try:
                 await asyncio.sleep(2.0)  # warm-up: the workers reach their pace first
-                t0 = await _db_now(engine)
-                await asyncio.sleep(window)  # phase 1: the same load, nothing pruned
-                t1 = await _db_now(engine)
-                alone = await _steps_done_between(engine, t0, t1)
-                alone_s = (t1 - t0).total_seconds()
-
+                before = await _measure(engine, window)
                 await engine.set_retention(30)
-                sweeper = Sweeper(
-                    engine.pool,
-                    worker_id="bench-sweeper",
-                    interval=settings.sweep_seconds,
-                    retention_days=settings.retention_days,
-                    prune_limits=PruneLimits(idle_seconds=0.5),
-                )
-                sweep_stop = asyncio.Event()
-                sweep_task = asyncio.create_task(sweeper.run(sweep_stop))
-                p0 = await _db_now(engine)
-
-                async def all_pruned() -> bool:
-                    return sweeper.pruner.stats.runs >= backlog
-
-                await eventually(all_pruned, timeout=600, interval=0.1, what="backlog pruned")
-                p1 = await _db_now(engine)
-                sweep_stop.set()
-                await sweep_task
-                during = await _steps_done_between(engine, p0, p1)
-                during_s = (p1 - p0).total_seconds()
+                while sweeper.pruner.stats.runs < backlog:
+                    steps, secs = await _measure(engine, window, sweeping(window))
+                    on[0], on[1] = on[0] + steps, on[1] + secs
+                    steps, secs = await _measure(engine, window)
+                    off[0], off[1] = off[0] + steps, off[1] + secs
+                after = await _measure(engine, window)
             finally:
                 stop.set()
                 started = await driver
@@ -225,27 +243,30 @@ async def _run(url: str, *, backlog: int, window: float, in_flight: int) -> dict
             engine.org_id,
             AUTOMATION,
         )
-        stats = sweeper.pruner.stats
-    alone_rate = alone / alone_s if alone_s else 0.0
-    during_rate = during / during_s if during_s else 0.0
+    stats = sweeper.pruner.stats
+
+    def phase(steps: float, secs: float) -> dict[str, Any]:
+        return {
+            "steps": int(steps),
+            "seconds": round(secs, 1),
+            "steps_per_s": round(steps / secs, 1) if secs else 0.0,
+        }
+
+    on_rate = on[0] / on[1] if on[1] else 0.0
+    off_rate = off[0] / off[1] if off[1] else 0.0
     return {
         "backlog": backlog,
         "fill_seconds": round(fill_s, 1),
+        "window_seconds": window,
         "live_runs_started": started,
-        "without_pruning": {
-            "steps": alone,
-            "seconds": round(alone_s, 1),
-            "steps_per_s": round(alone_rate, 1),
-        },
-        "during_pruning": {
-            "steps": during,
-            "seconds": round(during_s, 1),
-            "steps_per_s": round(during_rate, 1),
-        },
-        "ratio": round(during_rate / alone_rate, 3) if alone_rate else None,
+        "before": phase(*before),
+        "pruning": phase(*on),
+        "between": phase(*off),
+        "after": phase(*after),
+        "ratio": round(on_rate / off_rate, 3) if off_rate else None,
         "pruned": stats.runs,
         "batches": stats.batches,
-        "prune_runs_per_s": round(stats.runs / during_s, 1) if during_s else None,
+        "prune_runs_per_s": round(stats.runs / on[1], 1) if on[1] else None,
         "pruner_busy_seconds": round(stats.seconds, 1),
         "rows_deleted": dict(stats.rows),
         "left": left,
@@ -256,23 +277,33 @@ async def _run(url: str, *, backlog: int, window: float, in_flight: int) -> dict
 def run(database_url: str, *, quick: bool = False, **options: Any) -> dict[str, Any]:
     backlog = int(options.get("runs") or (5_000 if quick else 100_000))
     with scratch_database(database_url, "retention") as url:
-        return asyncio.run(_run(url, backlog=backlog, window=3.0 if quick else 10.0, in_flight=50))
+        return asyncio.run(_run(url, backlog=backlog, window=2.0 if quick else 6.0, in_flight=50))
 
 
 def render(res: dict[str, Any]) -> str:
-    a, d = res["without_pruning"], res["during_pruning"]
     plan = [line for line in res["explain"] if "Scan" in line or "Execution" in line]
+    rows = [
+        f"{'workers (3-step runs)':<34} {'steps':>7} {'seconds':>8} {'steps/s':>8}",
+        *(
+            f"{label:<34} {res[key]['steps']:>7} {res[key]['seconds']:>8} "
+            f"{res[key]['steps_per_s']:>8}"
+            for key, label in (
+                ("before", "before (nothing pruned)"),
+                ("pruning", f"pruning ({res['window_seconds']:g} s windows)"),
+                ("between", "between them (nothing pruned)"),
+                ("after", "after (nothing left)"),
+            )
+        ),
+    ]
     return "\n".join(
         [
             f"backlog: {res['backlog']:,} finished runs (2 steps, 8 history rows each), written "
             f"in {res['fill_seconds']}s",
-            f"{'workers (3-step runs)':<26} {'steps':>8} {'seconds':>8} {'steps/s':>9}",
-            f"{'without pruning':<26} {a['steps']:>8} {a['seconds']:>8} {a['steps_per_s']:>9}",
-            f"{'during pruning':<26} {d['steps']:>8} {d['seconds']:>8} {d['steps_per_s']:>9}",
-            f"during / without: {res['ratio']}",
+            *rows,
+            f"steps/s pruning / between: {res['ratio']}",
             f"pruned {res['pruned']:,} runs in {res['batches']} batches: "
-            f"{res['prune_runs_per_s']} runs/s (the pruner busy {res['pruner_busy_seconds']}s); "
-            f"rows {res['rows_deleted']}; left {res['left']}",
+            f"{res['prune_runs_per_s']} runs/s while the sweeper ran (its pruner busy "
+            f"{res['pruner_busy_seconds']}s); rows {res['rows_deleted']}; left {res['left']}",
             "one batch's plan (the scans):",
             *("  " + line.strip() for line in plan),
         ]
