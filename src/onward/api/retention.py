@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from onward.retention import MAX_DAYS, MIN_DAYS
 
@@ -15,7 +15,8 @@ def _not_a_bool(value: Any) -> Any:
     return value
 
 
-Days = Annotated[float, BeforeValidator(_not_a_bool), Field(ge=MIN_DAYS, le=MAX_DAYS)]
+Days = Annotated[float, Field(ge=MIN_DAYS, le=MAX_DAYS)]
+Whole = Annotated[int, BeforeValidator(_not_a_bool)]
 
 
 class RetentionIn(BaseModel):
@@ -26,6 +27,11 @@ class RetentionIn(BaseModel):
     days: Days | Literal["forever"] | None = Field(
         description="days after a run finished (1..36525), forever, or null: the default"
     )
+
+    @field_validator("days", mode="before")
+    @classmethod
+    def _days_not_a_bool(cls, value: Any) -> Any:
+        return _not_a_bool(value)
 
 
 class RetentionView(BaseModel):
@@ -41,12 +47,13 @@ class RetentionView(BaseModel):
 
 class PruneIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dry_run: bool = Field(default=False, description="only count what would be deleted")
-    max_runs: int = Field(
+    dry_run: bool = Field(
+        default=False, strict=True, description="only count what would be deleted"
+    )
+    max_runs: Whole = Field(
         default=10_000,
         ge=1,
         le=1_000_000,
-        strict=True,
         description="stop after this many runs (the sweeper continues)",
     )
 
