@@ -745,6 +745,7 @@ BENCHES = {
     "monday": "onward.bench.monday",
     "recompute": "onward.bench.recompute",
     "lanes": "onward.bench.lanes",
+    "retention": "onward.bench.retention",
 }
 
 
@@ -813,6 +814,7 @@ def chaos(
 
 from onward import cli_actions, cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
+from onward.cli_retention import retention_app  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
@@ -829,6 +831,7 @@ app.add_typer(contacts_app)  # onward contacts erase
 app.add_typer(cli_actions.review_app)  # onward review resolve RUN --happened|--retry|--skip
 app.command()(cli_actions.resume)  # onward resume RUN
 app.command()(cli_actions.fork)  # onward fork RUN [--from-step STEP] [--version V]
+app.add_typer(retention_app)  # onward retention show|set|prune
 
 # -- entry point -----------------------------------------------------------------------------
 

@@ -37,6 +37,13 @@ def _lanes(spec: str) -> dict[str, int]:
     return out
 
 
+def _retention_days(raw: str) -> float | None:
+    """``ONWARD_RETENTION_DAYS``: days (at least 1), or ``forever``; unset: 30."""
+    if raw.strip().lower() == "forever":
+        return None
+    return _env_float("ONWARD_RETENTION_DAYS", 30.0) if raw.strip() else 30.0
+
+
 def _env_int(name: str, default: int) -> int:
     return int(_env_float(name, default))
 
@@ -68,6 +75,9 @@ class Settings:
     lane_policy: str | None = None
     #: how long a cost reservation counts without its call's charge (onward.budgets)
     budget_lease_seconds: float = 120.0
+    #: finished runs are deleted this many days after they finished, unless their organisation
+    #: sets its own (onward.retention); None keeps them forever (ONWARD_RETENTION_DAYS=forever)
+    retention_days: float | None = 30.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -90,6 +100,7 @@ class Settings:
             signing_secret=os.environ.get("ONWARD_SIGNING_SECRET") or None,
             lane_policy=os.environ.get("ONWARD_LANE_POLICY") or None,
             budget_lease_seconds=_env_float("ONWARD_BUDGET_LEASE_SECONDS", 120.0),
+            retention_days=_retention_days(os.environ.get("ONWARD_RETENTION_DAYS", "")),
         )
         if os.environ.get("ONWARD_LANES"):
             s = replace(s, lanes=_lanes(os.environ["ONWARD_LANES"]))
@@ -103,5 +114,10 @@ class Settings:
         policies(dict(self.lanes), self.lane_policy, lease_seconds=self.lease_seconds)
         if self.queue not in QUEUES:
             raise ConfigError(f"ONWARD_QUEUE={self.queue!r}: choose one of {', '.join(QUEUES)}")
+        if self.retention_days is not None and not 1 <= self.retention_days <= 36_525:
+            raise ConfigError(
+                f"ONWARD_RETENTION_DAYS={self.retention_days:g}: between 1 and 36525 days, "
+                "or forever"
+            )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ConfigError("the heartbeat interval must be shorter than the lease")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from onward import circuits, signals
+from onward import circuits, retention, signals
 from onward.db.migrate import verify
 from onward.db.sql import Queries
 
@@ -153,6 +153,20 @@ async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -
                 or "none",
             )
         )
+        checks.append(await _retention_check(conn, engine.settings.retention_days))
+        sizes = await (await conn.execute(Q.table_sizes, {})).fetchall()
+        checks.append(
+            Check(
+                "table_sizes",
+                True,
+                {r["table_name"]: {"bytes": r["bytes"], "rows": r["rows"]} for r in sizes},
+                f"{sum(r['bytes'] for r in sizes) / 2**20:.1f} MiB in all; "
+                + ", ".join(
+                    f"{r['table_name']} {r['bytes'] / 2**20:.1f} MiB (~{r['rows']:,} rows)"
+                    for r in sizes[:5]
+                ),
+            )
+        )
         leader = await (await conn.execute(Q.sweeper_leader, {})).fetchone()
     checks.append(
         Check(
@@ -174,6 +188,36 @@ async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -
         )
     )
     return checks
+
+
+async def _retention_check(conn: Any, default_days: float | None) -> Check:
+    """The oldest finished run per organisation against its retention: unhealthy when one is
+    more than a day past its bound (nobody is pruning: is a sweeper elected?)."""
+    rows = await retention.oldest_by_org(conn, default_days=default_days)
+    behind = [r for r in rows if r["days"] is not None and r["age_days"] > max(r["days"], 1) + 1]
+    oldest = rows[0] if rows else None
+    detail = (
+        f"oldest finished run {oldest['age_days']:.1f} days old ({oldest['org_id']}, kept "
+        + ("forever" if oldest["days"] is None else f"{oldest['days']:g} days")
+        + ")"
+        if oldest
+        else "no finished runs"
+    )
+    if behind:
+        detail += "; behind their retention: " + ", ".join(r["org_id"] for r in behind)
+    return Check(
+        "retention",
+        not behind,
+        {
+            r["org_id"]: {
+                "oldest_finished_at": r["oldest"],
+                "age_days": r["age_days"],
+                "days": r["days"],
+            }
+            for r in rows
+        },
+        detail,
+    )
 
 
 def render(checks: list[Check]) -> str:

@@ -68,3 +68,14 @@ FROM steps
 WHERE status IN ('ready', 'running', 'parked')
 GROUP BY lane
 ORDER BY lane;
+
+-- name: table_sizes
+-- Every table of onward's schema: its size on disk with indexes and TOAST, and its row count
+-- as PostgreSQL estimates it (pg_class.reltuples, as of the last VACUUM or ANALYZE), largest
+-- first. Retention is what keeps runs, steps and history from growing without end.
+SELECT c.relname AS table_name, pg_total_relation_size(c.oid) AS bytes,
+       greatest(c.reltuples, 0)::bigint AS rows
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND n.nspname = current_schema()
+ORDER BY bytes DESC, table_name;

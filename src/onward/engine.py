@@ -25,6 +25,7 @@ from onward import circuits as circuit_ops
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
 from onward import lanes as lane_ops
 from onward import limits as limit_ops
+from onward import retention as retention_ops
 from onward import schedules as schedule_ops
 from onward import signals as signal_ops
 from onward.automations.document import AutomationDoc
@@ -444,6 +445,38 @@ class Engine:
     async def budgets(self) -> list[dict[str, Any]]:
         return await budget_ops.list_budgets(self.pool, self.org_id)
 
+    # -- retention: finished runs deleted after an age (onward.retention) ----------------------
+    async def set_retention(
+        self, days: float | None = None, *, keep_forever: bool = False
+    ) -> dict[str, Any]:
+        """Delete this organisation's finished runs ``days`` after they finished (at least 1);
+        ``keep_forever=True`` keeps them; neither: the engine's default
+        (``ONWARD_RETENTION_DAYS``). Answers :meth:`retention`."""
+        return await retention_ops.set_days(
+            self.pool,
+            self.org_id,
+            days,
+            keep_forever=keep_forever,
+            default_days=self.settings.retention_days,
+        )
+
+    async def retention(self) -> dict[str, Any]:
+        """The retention in force, where it comes from, its cutoff, the oldest finished run."""
+        return await retention_ops.show(
+            self.pool, self.org_id, default_days=self.settings.retention_days
+        )
+
+    async def prune(self, *, dry_run: bool = False, max_runs: int | None = None) -> dict[str, Any]:
+        """Delete this organisation's finished runs past its retention now, in batches (the
+        elected sweeper does the same on its own); ``dry_run`` only counts them (``due``)."""
+        return await retention_ops.prune_org(
+            self.pool,
+            self.org_id,
+            default_days=self.settings.retention_days,
+            dry_run=dry_run,
+            max_runs=max_runs,
+        )
+
     def lanes(self) -> dict[str, lane_ops.LanePolicy]:
         """The lane policies a worker of this engine serves (``onward.lanes``)."""
         return lane_ops.policies(
@@ -481,7 +514,11 @@ class Engine:
             svc.relay = Relay(self.pool, self.queue, batch=self.settings.relay_batch, kick=kick)
         if sweeper:
             svc.sweeper = Sweeper(
-                self.pool, worker_id=self.id, interval=self.settings.sweep_seconds, kick=kick
+                self.pool,
+                worker_id=self.id,
+                interval=self.settings.sweep_seconds,
+                kick=kick,
+                retention_days=self.settings.retention_days,
             )
         return svc
 

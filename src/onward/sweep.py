@@ -13,7 +13,9 @@ Every few seconds the leader:
 5. half-opens circuits whose cool-down passed, each with one parked step as its probe, and
    resumes the steps parked on a budget before today (their budget renewed) (R5);
 6. completes erasures that waited on a run with a step in flight (R14);
-7. prunes sent outbox rows.
+7. prunes sent outbox rows;
+8. deletes finished runs past their organisation's retention, a few bounded batches per tick
+   (:class:`onward.retention.Pruner`).
 
 The sweep fires timers; it never claims steps. Claiming is the workers' job, bounded by their
 free capacity, so the sweep cannot hand out more work than the workers can start.
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from onward import budgets, circuits, erasure, leases, outbox, schedules, timers
+from onward import budgets, circuits, erasure, leases, outbox, retention, schedules, timers
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
@@ -60,6 +62,7 @@ class SweepStats:
     probes: int = 0  # circuits half-opened
     budget_resumed: int = 0
     erasures: int = 0  # erasures completed after their last run stopped
+    retention_pruned: int = 0  # finished runs deleted (onward.retention)
     lateness: list[float] = field(default_factory=list)
 
 
@@ -72,6 +75,8 @@ class Sweeper:
         interval: float = 2.0,
         limits: SweepLimits | None = None,
         kick: asyncio.Event | None = None,
+        retention_days: float | None = 30.0,
+        prune_limits: retention.PruneLimits | None = None,
     ) -> None:
         self.pool, self.worker_id, self.interval = pool, worker_id, interval
         self.limits = limits or SweepLimits()
@@ -80,6 +85,7 @@ class Sweeper:
         self._rediscover_after = ""
         self._budget_after = ""
         self.leadership = Leadership(pool, "sweeper", worker_id, ttl=max(3 * interval, 5.0))
+        self.pruner = retention.Pruner(pool, default_days=retention_days, limits=prune_limits)
 
     async def fire_batch(self) -> tuple[int, list[str]]:
         """One fair batch: returns (timers fired, organisations served)."""
@@ -165,6 +171,7 @@ class Sweeper:
         self.stats.erasures += await erasure.finish_pending(self.pool)
         if self.stats.ticks % 100 == 0:
             self.stats.pruned += await self.prune_outbox()
+        self.stats.retention_pruned += await self.pruner.tick()
         self.stats.ticks += 1
         if (fired_total or resumed) and self.kick is not None:
             self.kick.set()

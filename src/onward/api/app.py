@@ -59,6 +59,7 @@ from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
 from onward.api import migrations as migration_routes
 from onward.api import people as people_routes
+from onward.api import retention as retention_routes
 from onward.api import schedules as schedule_routes
 from onward.api.models import (
     MAX_EVENT_ID,
@@ -699,6 +700,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(migration_routes.router())
     app.include_router(contact_routes.router())
     app.include_router(action_routes.router())
+    app.include_router(retention_routes.router())
     _document_automation_schema(app)
     return app
 
