@@ -36,6 +36,7 @@ POINTS = {
     "circuit.after_half_open": "circuits half-opened and their probes made ready (committed)",
     "circuit.before_close": "the probe's call succeeded (effect settled); the circuit still half-open",
     "budget.after_reserve": "a call's maximum cost reserved (committed); the call not yet made",
+    "notify.after_send": "a destination acknowledged a notification; delivered_at not yet written",
 }
 
 
