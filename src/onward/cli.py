@@ -715,10 +715,11 @@ def doctor(
 
     checks = _run(go())
     if as_json:
-        _print_json({"healthy": all(c.ok for c in checks), "checks": [c.as_dict() for c in checks]})
+        healthy = all(c.healthy for c in checks)
+        _print_json({"healthy": healthy, "checks": [c.as_dict() for c in checks]})
     else:
         typer.echo(render(checks))
-    if not all(c.ok for c in checks):
+    if not all(c.healthy for c in checks):
         raise typer.Exit(1)
 
 

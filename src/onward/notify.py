@@ -273,9 +273,12 @@ class DeliveryRelay:
         poll_seconds: float = 2.0,
         batch: int = 20,
         kick: asyncio.Event | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
+        backoff: tuple[float, float] = (BACKOFF_BASE, BACKOFF_CAP),
     ) -> None:
         self.pool, self.integrations, self.worker_id = pool, integrations, worker_id
         self.lease, self.poll_seconds, self.batch = lease_seconds, poll_seconds, batch
+        self.max_attempts, self.backoff = max_attempts, backoff
         self.kick = kick or asyncio.Event()
         # The answer must come well within the lease, or another relay sends it again.
         self.timeout = max(0.5, min(10.0, lease_seconds / 2))
@@ -370,12 +373,11 @@ class DeliveryRelay:
                 )
                 self.delivered += 1
                 return
-            delay = full_jitter(
-                int(row["attempts_in_round"]), BACKOFF_BASE, BACKOFF_CAP, jitter=random.uniform
-            )
+            base, cap = self.backoff
+            delay = full_jitter(int(row["attempts_in_round"]), base, cap, jitter=random.uniform)
             await conn.execute(
                 Q.attempt_failed,
-                {**args, "delay": delay, "error": outcome.error, "max_attempts": MAX_ATTEMPTS},
+                {**args, "delay": delay, "error": outcome.error, "max_attempts": self.max_attempts},
             )
             self.failed_attempts += 1
 

@@ -425,7 +425,7 @@ class Report:
             lines.append("")
             lines.append("R16 invariants (onward doctor, before the workers stopped):")
             for c in self.doctor:
-                mark = "ok " if c["ok"] else "BAD"
+                mark = "ok " if c["ok"] else "WRN" if c.get("warning") else "BAD"
                 lines.append(f"  [{mark}] {c['name']:<26} {c['value']!s:<6} {c['detail']}")
         if self.lost_runs:
             lines.append("lost runs: " + ", ".join(self.lost_runs[:10]))
