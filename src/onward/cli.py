@@ -798,6 +798,7 @@ def chaos(
 # -- command groups in their own modules -------------------------------------------------------
 
 from onward import cli_flow, cli_people  # noqa: E402  (uses the helpers above)
+from onward.cli_notify import notifications_app  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
@@ -809,6 +810,7 @@ app.add_typer(cli_flow.limits_app)  # onward limits list|set|remove
 app.add_typer(cli_flow.circuits_app)  # onward circuits list|set
 app.add_typer(cli_flow.budgets_app)  # onward budgets list|set
 app.command()(cli_flow.lanes)  # onward lanes
+app.add_typer(notifications_app)  # onward notifications set|destinations|remove|list|retry
 
 # -- entry point -----------------------------------------------------------------------------
 

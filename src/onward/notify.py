@@ -106,6 +106,8 @@ def check_url(url: str) -> str:
         raise InvalidInput(f"url {url[:200]!r} is not a URL: {exc}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise InvalidInput(f"url {url[:200]!r}: an absolute http:// or https:// URL with a host")
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise InvalidInput(f"url {url[:200]!r}: port {parsed.port} out of range")
     if parsed.userinfo or parsed.fragment:
         raise InvalidInput("url: no user:password@ and no #fragment (use the signing secret)")
     return url
@@ -127,7 +129,10 @@ def _destination(
         if secret is not None:
             check_text(secret, "secret")
             try:
-                ok = secret.startswith("whsec_") and len(base64.b64decode(secret[6:], validate=True)) >= 16
+                ok = (
+                    secret.startswith("whsec_")
+                    and len(base64.b64decode(secret[6:], validate=True)) >= 16
+                )
             except ValueError:
                 ok = False
             if not ok:
@@ -160,9 +165,7 @@ async def set_destination(
     A webhook without a secret gets a new one, returned here (and only here). ``backlog``:
     notifications still undelivered that it will now receive."""
     fields = {"url": None, "secret": None, "connection_id": None, "target": None}
-    fields |= _destination(
-        kind, url=url, secret=secret, connection_id=connection_id, target=target
-    )
+    fields |= _destination(kind, url=url, secret=secret, connection_id=connection_id, target=target)
     args = {
         "org_id": org_id,
         "destination_id": check_destination_id(destination_id),
@@ -212,7 +215,9 @@ async def list_notifications(
     return [{**r, "webhook_id": webhook_id(r["notification_id"])} for r in rows]
 
 
-async def retry(pool: Pool, org_id: str, notification_id: int | None = None) -> list[dict[str, Any]]:
+async def retry(
+    pool: Pool, org_id: str, notification_id: int | None = None
+) -> list[dict[str, Any]]:
     """Make failed intents (and pending ones waiting out a backoff) due now, with a new round
     of attempts: of one notification, or of every undelivered one. ``InvalidInput`` for a
     notification that does not exist. Returns the intents retried."""
@@ -302,7 +307,9 @@ class DeliveryRelay:
         try:
             outcome = await self.send(row)
         except Exception as exc:  # a bug here must not end the relay: the intent retries
-            log.exception("notify: delivering %s failed unexpectedly", webhook_id(row["notification_id"]))
+            log.exception(
+                "notify: delivering %s failed unexpectedly", webhook_id(row["notification_id"])
+            )
             outcome = Outcome(False, error=f"{type(exc).__name__}: {exc}"[:500])
         if outcome.delivered:
             crash_point("notify.after_send")
@@ -368,9 +375,7 @@ class DeliveryRelay:
                 if done is None:
                     log.info("notify: %s delivered, but its claim had lapsed", args)
                     return
-                await conn.execute(
-                    Q.complete, {"org_id": row["org_id"], "notification_ids": ids}
-                )
+                await conn.execute(Q.complete, {"org_id": row["org_id"], "notification_ids": ids})
                 self.delivered += 1
                 return
             base, cap = self.backoff

@@ -240,9 +240,7 @@ async def test_bad_destinations_are_refused_and_store_nothing(
 ) -> None:
     with pytest.raises(InvalidInput, match=reason):
         await engine.set_notification_destination("ops", kind, **options)
-    assert sql.execute("SELECT count(*) AS n FROM notification_destinations").fetchone() == {
-        "n": 0
-    }
+    assert sql.execute("SELECT count(*) AS n FROM notification_destinations").fetchone() == {"n": 0}
     with pytest.raises(InvalidInput, match="destination_id"):
         await engine.set_notification_destination("bad id!", url="https://example.test/")
 
