@@ -267,3 +267,28 @@ async def test_removing_a_destination_completes_what_the_others_delivered(
     assert await engine.remove_notification_destination("dead") is False
     assert [d["destination_id"] for d in await engine.notification_destinations()] == ["good"]
     assert notification_rows(sql)[0]["delivered_at"] is not None
+
+
+async def test_a_slack_destination_posts_the_notification_in_its_channel(
+    engine: Engine, sandbox: SandboxServer, admin: SandboxAdmin, sql: psycopg.Connection[Any]
+) -> None:
+    await connect_mailbox(engine, sandbox)
+    await engine.integrations.add_connection(
+        ORG, "slack", provider="slack", base_url=sandbox.url, account="T_ACME", secret="T_ACME"
+    )
+    await engine.set_notification_destination(
+        "ops-slack", "slack", connection_id="slack", target="#ops"
+    )
+    admin.revoke("email", "acct_1")
+    await engine.integrations.probe(ORG, "mailbox")
+    async with engine.running():
+
+        async def delivered() -> bool:
+            return notification_rows(sql)[0]["delivered_at"] is not None
+
+        await eventually(delivered, timeout=20, what="the Slack notification")
+    (note,) = notification_rows(sql)
+    (message,) = admin.slack_messages(channel="#ops")
+    assert message["account"] == "T_ACME"
+    assert "reconnect the email account acct_1" in message["text"]
+    assert webhook_id(note["notification_id"]) in message["text"]
