@@ -40,7 +40,10 @@ class Check:
         return self.ok or self.warning
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shown = asdict(self)
+        if not self.warning:
+            del shown["warning"]  # only a warning check says so
+        return shown
 
 
 def runs_without_way_forward(
