@@ -239,6 +239,18 @@ async def undelivered(conn: Conn, *, grace: float) -> dict[str, Any]:
     return dict(row)
 
 
+KEEP_DELIVERED_SECONDS = 30 * 86400.0
+
+
+async def prune_delivered(
+    conn: Conn, *, keep_seconds: float = KEEP_DELIVERED_SECONDS, limit: int = 5000
+) -> int:
+    """Remove notifications delivered more than ``keep_seconds`` ago (and their intents), at
+    most ``limit``; returns how many."""
+    cur = await conn.execute(Q.prune_delivered, {"keep": keep_seconds, "limit": limit})
+    return cur.rowcount or 0
+
+
 # -- the delivery relay -------------------------------------------------------------------------
 
 

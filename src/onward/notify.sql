@@ -164,3 +164,18 @@ SELECT count(*) AS undelivered, min(n.created_at) AS oldest,
        (SELECT count(*) FROM notification_deliveries WHERE status = 'failed') AS failed
 FROM notifications n
 WHERE n.delivered_at IS NULL AND n.created_at < now() - make_interval(secs => %(grace)s);
+
+-- name: prune_delivered
+-- Delivered notifications are kept `keep` seconds for inspection, then removed with their
+-- intents, in bounded batches (the elected sweeper, with the outbox's pruning).
+WITH old AS (
+    SELECT org_id, notification_id FROM notifications
+    WHERE delivered_at < now() - make_interval(secs => %(keep)s)
+    LIMIT %(limit)s
+),
+intents AS (
+    DELETE FROM notification_deliveries x USING old
+    WHERE x.org_id = old.org_id AND x.notification_id = old.notification_id
+)
+DELETE FROM notifications n USING old
+WHERE n.org_id = old.org_id AND n.notification_id = old.notification_id;

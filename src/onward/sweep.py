@@ -12,7 +12,7 @@ Every few seconds the leader:
 4. ends waiting runs that outlived their maximum age (R13);
 5. half-opens circuits whose cool-down passed, each with one parked step as its probe, and
    resumes the steps parked on a budget before today (their budget renewed) (R5);
-6. prunes sent outbox rows.
+6. prunes sent outbox rows, and notifications delivered a month ago (:mod:`onward.notify`).
 
 The sweep fires timers; it never claims steps. Claiming is the workers' job, bounded by their
 free capacity, so the sweep cannot hand out more work than the workers can start.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from onward import budgets, circuits, leases, outbox, schedules, timers
+from onward import budgets, circuits, leases, notify, outbox, schedules, timers
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
@@ -162,6 +162,8 @@ class Sweeper:
         resumed = await self.flow_control()
         if self.stats.ticks % 100 == 0:
             self.stats.pruned += await self.prune_outbox()
+            async with self.pool.connection() as conn:
+                self.stats.pruned += await notify.prune_delivered(conn)
         self.stats.ticks += 1
         if (fired_total or resumed) and self.kick is not None:
             self.kick.set()

@@ -292,3 +292,31 @@ async def test_a_slack_destination_posts_the_notification_in_its_channel(
     assert message["account"] == "T_ACME"
     assert "reconnect the email account acct_1" in message["text"]
     assert webhook_id(note["notification_id"]) in message["text"]
+
+
+async def test_delivered_notifications_are_pruned_after_their_keep_and_undelivered_never(
+    engine: Engine, sandbox: SandboxServer, admin: SandboxAdmin, sql: psycopg.Connection[Any]
+) -> None:
+    from onward.notify import prune_delivered
+
+    await connect_mailbox(engine, sandbox)
+    await engine.integrations.add_connection(
+        ORG, "other", provider="email", base_url=sandbox.url, account="acct_9", secret="acct_9"
+    )
+    await engine.set_notification_destination("ops", url=admin.hook_url("keep"))
+    admin.revoke("email", "acct_1")
+    await engine.integrations.probe(ORG, "mailbox")
+    relay = DeliveryRelay(engine.pool, engine.integrations, worker_id="t")
+    try:
+        assert await relay.run_once() == 1
+    finally:
+        await relay.aclose()
+    await engine.remove_notification_destination("ops")
+    admin.revoke("email", "acct_9")
+    await engine.integrations.probe(ORG, "other")  # undelivered: nowhere to go
+    async with engine.pool.connection() as conn:
+        assert await prune_delivered(conn) == 0  # delivered just now: kept
+        assert await prune_delivered(conn, keep_seconds=0.0) == 1
+    (left,) = notification_rows(sql)
+    assert left["delivered_at"] is None and "acct_9" in left["subject"]
+    assert delivery_rows(sql) == []
