@@ -730,10 +730,11 @@ def doctor(
 
     checks = _run(go())
     if as_json:
-        _print_json({"healthy": all(c.ok for c in checks), "checks": [c.as_dict() for c in checks]})
+        healthy = all(c.healthy for c in checks)
+        _print_json({"healthy": healthy, "checks": [c.as_dict() for c in checks]})
     else:
         typer.echo(render(checks))
-    if not all(c.ok for c in checks):
+    if not all(c.healthy for c in checks):
         raise typer.Exit(1)
 
 
@@ -814,6 +815,7 @@ def chaos(
 
 from onward import cli_actions, cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
+from onward.cli_notify import notifications_app  # noqa: E402  (uses the helpers above)
 from onward.cli_retention import retention_app  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
@@ -832,6 +834,7 @@ app.add_typer(cli_actions.review_app)  # onward review resolve RUN --happened|--
 app.command()(cli_actions.resume)  # onward resume RUN
 app.command()(cli_actions.fork)  # onward fork RUN [--from-step STEP] [--version V]
 app.add_typer(retention_app)  # onward retention show|set|prune
+app.add_typer(notifications_app)  # onward notifications set|destinations|remove|list|retry
 
 # -- entry point -----------------------------------------------------------------------------
 

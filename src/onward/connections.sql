@@ -19,19 +19,23 @@ SELECT connection_id, provider, base_url, account, secret, status, broken_reason
 FROM connections WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;
 
 -- name: mark_broken
--- The provider refused the credentials: mark broken and write the customer's notification in
--- the same transaction (only on the change, so a hundred parked runs notify once).
+-- The provider refused the credentials: mark broken and write the customer's notification with
+-- its delivery intents in the same statement (only on the change, so a hundred parked runs
+-- notify once).
 WITH b AS (
     UPDATE connections SET status = 'broken', broken_reason = %(reason)s, broken_at = now(),
                            updated_at = now()
     WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s AND status = 'ok'
     RETURNING org_id, connection_id, provider, account
-)
-INSERT INTO notifications (org_id, kind, subject, body)
-SELECT org_id, 'connection_broken', 'reconnect the ' || provider || ' account ' || account,
-       jsonb_build_object('connection_id', connection_id, 'reason', %(reason)s::text)
-FROM b
-RETURNING notification_id, subject;
+),
+to_notify AS (
+    SELECT org_id, 'connection_broken' AS kind,
+           'reconnect the ' || provider || ' account ' || account AS subject,
+           jsonb_build_object('connection_id', connection_id, 'reason', %(reason)s::text) AS body
+    FROM b
+),
+{{notify}}
+SELECT notification_id, subject FROM noted;
 
 -- name: restore
 -- The customer reconnected: the connection is usable again, and every step parked on it

@@ -39,6 +39,7 @@ POINTS = {
     "migrate.in_batch": "a migration batch moved its runs; batch and progress not yet committed",
     "erasure.after_record": "erasure recorded, runs cancelled and pseudonymised; no run erased yet",
     "erasure.after_run": "one run of an erased contact erased (committed); the others not yet",
+    "notify.after_send": "a destination acknowledged a notification; delivered_at not yet written",
 }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from onward import circuits, retention, signals
+from onward import circuits, notify, retention, signals
 from onward.db.migrate import verify
 from onward.db.sql import Queries
 
@@ -32,9 +32,18 @@ class Check:
     ok: bool
     value: Any
     detail: str
+    #: a warning: shown, but not unhealthy (``onward doctor`` still exits 0 for it)
+    warning: bool = False
+
+    @property
+    def healthy(self) -> bool:
+        return self.ok or self.warning
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shown = asdict(self)
+        if not self.warning:
+            del shown["warning"]  # only a warning check says so
+        return shown
 
 
 def runs_without_way_forward(
@@ -122,6 +131,20 @@ async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -
                 "(onward signals --unrouted)"
                 if row["unrouted"]
                 else "none",
+            )
+        )
+        row = await notify.undelivered(conn, grace=grace)
+        checks.append(
+            Check(
+                "undelivered_notifications",
+                row["undelivered"] == 0,
+                row["undelivered"],
+                f"oldest written {row['oldest']}; {row['no_destination']} with no destination "
+                f"(onward notifications set), {row['failed']} deliveries failed "
+                "(onward notifications retry)"
+                if row["undelivered"]
+                else "none",
+                warning=True,  # the customer's receiver, not the engine, may be what is down
             )
         )
         lanes = await (await conn.execute(Q.lanes, {})).fetchall()
@@ -223,9 +246,13 @@ async def _retention_check(conn: Any, default_days: float | None) -> Check:
 def render(checks: list[Check]) -> str:
     lines = []
     for c in checks:
-        mark = "ok " if c.ok else "BAD"
+        mark = "ok " if c.ok else "WRN" if c.warning else "BAD"
         value = len(c.value) if isinstance(c.value, dict) else c.value  # the detail says more
         lines.append(f"[{mark}] {c.name:<26} {value!s:<8} {c.detail}")
-    bad = sum(not c.ok for c in checks)
-    lines.append(f"{len(checks) - bad} healthy, {bad} unhealthy")
+    bad = sum(not c.healthy for c in checks)
+    warned = sum(not c.ok and c.warning for c in checks)
+    lines.append(
+        f"{len(checks) - bad - warned} healthy, {bad} unhealthy"
+        + (f", {warned} warning{'s' * (warned > 1)}" if warned else "")
+    )
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from onward import circuits as circuit_ops
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
 from onward import lanes as lane_ops
 from onward import limits as limit_ops
+from onward import notify as notify_ops
 from onward import retention as retention_ops
 from onward import schedules as schedule_ops
 from onward import signals as signal_ops
@@ -58,6 +59,7 @@ class Background:
     worker: Worker | None = None
     relay: Relay | None = None
     sweeper: Sweeper | None = None
+    notifier: notify_ops.DeliveryRelay | None = None  # runs wherever the relay runs
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -80,6 +82,10 @@ class Engine:
         self.integrations.token_secret = settings.signing_secret
         self.integrations.budget_lease = settings.budget_lease_seconds
         self._driving: set[asyncio.Task[Any]] = set()  # operations driven in this process
+        # A notification written in this process wakes its delivery relay at once (a hint: the
+        # relay polls anyway, and any process's relay may deliver it).
+        self._notify_kick = asyncio.Event()
+        self.integrations.notify = self._kick_notifier
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -520,6 +526,15 @@ class Engine:
                 kick=kick,
                 retention_days=self.settings.retention_days,
             )
+        if relay:
+            svc.notifier = notify_ops.DeliveryRelay(
+                self.pool,
+                self.integrations,
+                worker_id=self.id,
+                lease_seconds=self.settings.lease_seconds,
+                poll_seconds=self.settings.poll_seconds,
+                kick=self._notify_kick,
+            )
         return svc
 
     async def run_background(self, svc: Background) -> None:
@@ -530,6 +545,8 @@ class Engine:
             svc.tasks.append(asyncio.create_task(svc.relay.run(svc.stop)))
         if svc.sweeper is not None:
             svc.tasks.append(asyncio.create_task(svc.sweeper.run(svc.stop)))
+        if svc.notifier is not None:
+            svc.tasks.append(asyncio.create_task(svc.notifier.run(svc.stop)))
         try:
             await asyncio.gather(*svc.tasks)
         finally:
@@ -641,3 +658,53 @@ class Engine:
         from onward import operations
 
         return await operations.get(self.pool, self.org_id, operation_id)
+
+    # -- notifications that arrive (R15, onward.notify) -----------------------------------------
+    async def _kick_notifier(self, subject: str, body: dict[str, Any]) -> None:
+        self._notify_kick.set()
+
+    async def set_notification_destination(
+        self,
+        destination_id: str,
+        kind: str = "webhook",
+        *,
+        url: str | None = None,
+        secret: str | None = None,
+        connection_id: str | None = None,
+        target: str | None = None,
+    ) -> dict[str, Any]:
+        """Send this organisation's notifications to a webhook (``url``; signed with ``secret``,
+        a new ``whsec_`` one when not given, returned here only), a Slack channel or an email
+        address (``connection_id`` + ``target``). Notifications still undelivered get it too.
+        ``InvalidInput`` (nothing stored) for a bad URL, kind or id."""
+        return await notify_ops.set_destination(
+            self.pool,
+            self.org_id,
+            destination_id,
+            kind,
+            url=url,
+            secret=secret,
+            connection_id=connection_id,
+            target=target,
+        )
+
+    async def notification_destinations(self) -> list[dict[str, Any]]:
+        return await notify_ops.destinations(self.pool, self.org_id)
+
+    async def remove_notification_destination(self, destination_id: str) -> bool:
+        """Stop sending there (its undelivered intents go); False if there was none."""
+        return await notify_ops.remove_destination(self.pool, self.org_id, destination_id)
+
+    async def notifications(
+        self, *, undelivered: bool = False, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """This organisation's notifications, newest first, with each delivery's state."""
+        return await notify_ops.list_notifications(
+            self.pool, self.org_id, undelivered=undelivered, limit=limit
+        )
+
+    async def retry_notifications(self, notification_id: int | None = None) -> list[dict[str, Any]]:
+        """Deliver failed (or backing-off) notifications now, with a new round of attempts."""
+        found = await notify_ops.retry(self.pool, self.org_id, notification_id)
+        self._notify_kick.set()
+        return found

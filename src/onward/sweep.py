@@ -13,7 +13,7 @@ Every few seconds the leader:
 5. half-opens circuits whose cool-down passed, each with one parked step as its probe, and
    resumes the steps parked on a budget before today (their budget renewed) (R5);
 6. completes erasures that waited on a run with a step in flight (R14);
-7. prunes sent outbox rows;
+7. prunes sent outbox rows, and notifications delivered a month ago (:mod:`onward.notify`);
 8. deletes finished runs past their organisation's retention, a few bounded batches per tick
    (:class:`onward.retention.Pruner`).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from onward import budgets, circuits, erasure, leases, outbox, retention, schedules, timers
+from onward import budgets, circuits, erasure, leases, notify, outbox, retention, schedules, timers
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
@@ -171,6 +171,8 @@ class Sweeper:
         self.stats.erasures += await erasure.finish_pending(self.pool)
         if self.stats.ticks % 100 == 0:
             self.stats.pruned += await self.prune_outbox()
+            async with self.pool.connection() as conn:
+                self.stats.pruned += await notify.prune_delivered(conn)
         self.stats.retention_pruned += await self.pruner.tick()
         self.stats.ticks += 1
         if (fired_total or resumed) and self.kick is not None:

@@ -84,6 +84,14 @@ CONFIG = {
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
         },
         {
+            "include-name": "PUT /v1/notification-destinations/{destination_id}",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        },
+        {
+            "include-name": "POST /v1/notifications/{notification_id}/retry",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
+        },
+        {
             "include-name": "POST /v1/signals",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "422"]}},
         },

@@ -62,3 +62,21 @@ timer_org AS (
     UPDATE organisations o SET has_due_work = true
     WHERE o.org_id IN (SELECT org_id FROM timer_due) AND NOT o.has_due_work
 )
+
+-- fragment: notify
+-- Expects a CTE `to_notify` (org_id, kind, subject, body). Writes each notification and, in the
+-- same statement, its delivery intent to every destination its organisation has now (R15):
+-- the transition that tells the customer something and the promise to deliver it commit
+-- together. A notification written while its organisation has no destination waits, undelivered,
+-- for the first destination set (`notify.sql set_destination` adds its intents then).
+noted AS (
+    INSERT INTO notifications (org_id, kind, subject, body)
+    SELECT org_id, kind, subject, body FROM to_notify
+    RETURNING org_id, notification_id, kind, subject
+),
+intents AS (
+    INSERT INTO notification_deliveries (org_id, notification_id, destination_id)
+    SELECT n.org_id, n.notification_id, d.destination_id
+    FROM noted n JOIN notification_destinations d ON d.org_id = n.org_id
+    RETURNING org_id, notification_id
+)

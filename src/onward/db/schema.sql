@@ -252,6 +252,41 @@ CREATE TABLE limits (
     CONSTRAINT limits_pkey PRIMARY KEY (org_id, key)
 );
 
+CREATE TABLE notification_deliveries (
+    org_id text NOT NULL,
+    notification_id bigint NOT NULL,
+    destination_id text NOT NULL,
+    status text NOT NULL DEFAULT 'pending'::text,
+    attempts integer NOT NULL DEFAULT 0,
+    retried_after integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamp with time zone NOT NULL DEFAULT now(),
+    claimed_by text,
+    last_status integer,
+    last_error text,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    delivered_at timestamp with time zone,
+    CONSTRAINT notification_deliveries_pkey PRIMARY KEY (org_id, notification_id, destination_id),
+    CONSTRAINT notification_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
+);
+CREATE INDEX notification_deliveries_due ON public.notification_deliveries USING btree (next_attempt_at) WHERE (status = 'pending'::text);
+CREATE INDEX notification_deliveries_failed ON public.notification_deliveries USING btree (org_id, notification_id) WHERE (status = 'failed'::text);
+
+CREATE TABLE notification_destinations (
+    org_id text NOT NULL,
+    destination_id text NOT NULL,
+    kind text NOT NULL,
+    url text,
+    secret text,
+    connection_id text,
+    target text,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT notification_destinations_check CHECK (((kind <> 'webhook'::text) OR ((url IS NOT NULL) AND (secret IS NOT NULL)))),
+    CONSTRAINT notification_destinations_check1 CHECK (((kind = 'webhook'::text) OR ((connection_id IS NOT NULL) AND (target IS NOT NULL)))),
+    CONSTRAINT notification_destinations_kind_check CHECK ((kind = ANY (ARRAY['webhook'::text, 'slack'::text, 'email'::text]))),
+    CONSTRAINT notification_destinations_pkey PRIMARY KEY (org_id, destination_id)
+);
+
 CREATE TABLE notifications (
     org_id text NOT NULL,
     notification_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -262,6 +297,7 @@ CREATE TABLE notifications (
     delivered_at timestamp with time zone,
     CONSTRAINT notifications_pkey PRIMARY KEY (org_id, notification_id)
 );
+CREATE INDEX notifications_undelivered ON public.notifications USING btree (org_id, created_at) WHERE (delivered_at IS NULL);
 
 CREATE TABLE onward_migrations (
     org_id text NOT NULL DEFAULT '_system'::text,

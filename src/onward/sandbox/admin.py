@@ -3,8 +3,10 @@
 Used by tests and by the chaos runner to set faults, revoke accounts, read the ledger and the
 peak concurrency per account (:meth:`SandboxAdmin.concurrency`), and to play the people on the
 other side: click a button in a Slack approval message (:meth:`SandboxAdmin.click`), answer an
-email (:meth:`SandboxAdmin.reply`). The endpoints behind these are documented in
-:mod:`onward.sandbox.slack` and :mod:`onward.sandbox.email`.
+email (:meth:`SandboxAdmin.reply`); and to steer a customer's notification receiver
+(:meth:`SandboxAdmin.hook_inbox`, :meth:`SandboxAdmin.hook_received`). The endpoints behind
+these are documented in :mod:`onward.sandbox.slack`, :mod:`onward.sandbox.email` and
+:mod:`onward.sandbox.hooks`.
 """
 
 from __future__ import annotations
@@ -224,6 +226,27 @@ class SandboxAdmin:
         result: dict[str, Any] = self._call(
             "POST", "/_admin/email/reply", json=body, timeout=_DELIVERY_TIMEOUT_S * deliveries + 5
         )
+        return result
+
+    # --- a customer's notification receiver ----------------------------------------------------
+
+    def hook_url(self, inbox: str) -> str:
+        """Where a webhook destination points to reach ``inbox``."""
+        return f"{self.url}/hooks/{inbox}"
+
+    def hook_inbox(
+        self, inbox: str, *, fail_next: int = 0, secret: str | None = None
+    ) -> dict[str, Any]:
+        """Configure ``inbox``: answer the next ``fail_next`` attempts 503; with ``secret``
+        (``whsec_...``) record whether each attempt's signature holds."""
+        body: dict[str, Any] = {"fail_next": fail_next, "secret": secret}
+        result: dict[str, Any] = self._call("POST", f"/_admin/hooks/{inbox}", json=body)
+        return result
+
+    def hook_received(self, inbox: str) -> dict[str, Any]:
+        """``{"attempts": n, "distinct": m, "received": [...], "log": [...]}``: every attempt
+        (503s and duplicates included) and the notifications received once per id."""
+        result: dict[str, Any] = self._call("GET", f"/_admin/hooks/{inbox}")
         return result
 
     def close(self) -> None:

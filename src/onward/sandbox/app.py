@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from starlette.types import Receive, Scope, Send
 
-from onward.sandbox import crm, email, model, payment, slack
+from onward.sandbox import crm, email, hooks, model, payment, slack
 from onward.sandbox.common import PROVIDERS, Account
 from onward.sandbox.faults import ConcurrencyMeter, FaultBoard, FaultInjector, FaultKnobs
 from onward.sandbox.ledger import Ledger
@@ -29,6 +29,7 @@ class World:
     email: email.EmailStore = field(default_factory=email.EmailStore)
     crm: crm.CrmStore = field(default_factory=crm.CrmStore)
     slack: slack.SlackStore = field(default_factory=slack.SlackStore)
+    hooks: hooks.HookStore = field(default_factory=hooks.HookStore)  # customers' receivers
 
     def reset(self) -> None:
         self.ledger.clear()
@@ -37,6 +38,7 @@ class World:
         self.email.reset()
         self.crm.reset()
         self.slack.reset()
+        self.hooks.reset()
 
 
 def get_world(request: Request) -> World:
@@ -129,6 +131,8 @@ class SandboxApp:
             self.api.include_router(router)
         self.api.include_router(email.admin_router)
         self.api.include_router(slack.admin_router)
+        self.api.include_router(hooks.router)  # a customer's webhook receiver: no auth, no faults
+        self.api.include_router(hooks.admin_router)
         self.api.include_router(whoami)  # last: its /{provider}/me pattern must not shadow others
         self._asgi = FaultInjector(self.api, self.world.faults, self.world.concurrency)
 
