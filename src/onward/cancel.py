@@ -9,7 +9,12 @@
   (``runs.cancel_requested_at``, history ``cancel_requested``) and stops at its next safe point:
   the next claim of its step reads the mark and ends the step and run ``cancelled``
   (``policy.stop_check``). The call already in flight may finish; an interrupted one becomes
-  ``outcome_unknown`` and is reconciled -- never claimed undone.
+  ``outcome_unknown`` and is reconciled -- never claimed undone. The effect claim reads the
+  mark in its own statement (``effects.sql claim``), so no call starts after the cancel commits;
+  a step that would wait, retry, be deferred or park ends cancelled instead
+  (``leases.sql settle_cancel_requested``). A ``ready`` step whose earlier attempt was
+  interrupted mid-call is handled the same way (marked, made claimable now), so its next claim
+  reconciles the effect before the step ends.
 * **Finished**: nothing changes; the answer says so.
 
 Cancel is idempotent and says what it did per run (``outcome``: ``cancelled``,
@@ -24,7 +29,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from onward import approvals, operations, signals, timers
+from onward import approvals, effects, operations, signals, timers
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import InvalidInput, UnknownRun
@@ -63,7 +68,7 @@ async def cancel_in_tx(
     if run["finished_at"] is not None:
         done = "already_cancelled" if run["status"] == "cancelled" else "already_finished"
         return {**answer, "outcome": done}
-    if step is None or step["status"] == "running":
+    if step is None or step["status"] == "running" or await _interrupted_effect(conn, step, args):
         got = await (
             await conn.execute(
                 Q.request,
@@ -87,6 +92,15 @@ async def cancel_in_tx(
     await timers.close_for_run(conn, org_id, run_id, fired_by="cancelled")
     await approvals.cancel_pending(conn, org_id, run_id)
     return {**answer, "status": "cancelled", "outcome": "cancelled", "was": was}
+
+
+async def _interrupted_effect(conn: Conn, step: dict[str, Any], args: dict[str, Any]) -> bool:
+    """A ready step whose earlier attempt was interrupted mid-call (an effect ``in_flight`` or
+    ``outcome_unknown``) is not cancelled at once: its next claim reconciles the effect (never
+    calls it again) and then ends it cancelled. The request makes it claimable now."""
+    if step["status"] != "ready":
+        return False
+    return await effects.unsettled_of_step(conn, args["org_id"], args["run_id"], step["seq"])
 
 
 async def cancel_run(

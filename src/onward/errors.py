@@ -249,6 +249,12 @@ class Deferred(StepError):
         self.delay_s, self.key = delay_s, key
 
 
+class RunCancelled(StepError):
+    """The run was cancelled while this step ran: the outside call was not made (the effect
+    claim read ``runs.cancel_requested_at`` in its own statement) and the step ends
+    ``cancelled`` with its run (``onward.cancel``)."""
+
+
 class CircuitOpen(StepError):
     """The circuit of ``key`` (``provider:<name>`` / ``connection:<id>``) is open: the call was
     not made and the step parks (``wait_kind = 'circuit'``) until the circuit closes; no
