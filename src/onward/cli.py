@@ -796,7 +796,7 @@ def chaos(
 
 # -- command groups in their own modules -------------------------------------------------------
 
-from onward import cli_flow, cli_people  # noqa: E402  (uses the helpers above)
+from onward import cli_cancel, cli_flow, cli_people  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
@@ -808,6 +808,8 @@ app.add_typer(cli_flow.limits_app)  # onward limits list|set|remove
 app.add_typer(cli_flow.circuits_app)  # onward circuits list|set
 app.add_typer(cli_flow.budgets_app)  # onward budgets list|set
 app.command()(cli_flow.lanes)  # onward lanes
+app.command()(cli_cancel.cancel)  # onward cancel RUN... | --automation A [--version V] ...
+app.add_typer(cli_cancel.operations_app)  # onward operations [list|show|resume]
 
 # -- entry point -----------------------------------------------------------------------------
 

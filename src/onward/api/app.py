@@ -54,6 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onward.api import cancel as cancel_routes
 from onward.api import flow as flow_routes
 from onward.api import people as people_routes
 from onward.api import schedules as schedule_routes
@@ -687,6 +688,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(schedule_routes.router())
     app.include_router(people_routes.router())
     app.include_router(flow_routes.router())
+    app.include_router(cancel_routes.router())
     _document_automation_schema(app)
     return app
 
