@@ -35,6 +35,8 @@ The hierarchy::
         ├── NeedsReview             a person must look: parks the step with what is known
         ├── Deferred                a limit (cap, rate) held the call back: ready again after
         │                           ``delay_s``, no attempt spent
+        ├── RunCancelled            the run was cancelled: the call was not made and the step
+        │                           ends cancelled with its run
         ├── CircuitOpen             the provider's (connection's) circuit is open: the step
         │                           parks until the circuit closes, no attempt spent
         └── BudgetExhausted         the cost budget has no room: the step parks until the
