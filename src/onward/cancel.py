@@ -26,7 +26,7 @@ Lock order, the same as a timer's fire and a signal's intake: the run's transiti
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from onward import approvals, effects, operations, signals, timers
@@ -120,7 +120,16 @@ def check_filter(params: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput("a bulk cancel names at least one of: " + ", ".join(FILTERS))
     for f in ("created_before", "created_after"):
         v = params.get(f)
+        if isinstance(v, str):
+            try:
+                v = datetime.fromisoformat(v)
+            except ValueError:
+                raise InvalidInput(f"{f}: not an ISO 8601 instant: {v!r}") from None
         if isinstance(v, datetime):
+            try:  # in UTC (a naive instant is taken as UTC): what PostgreSQL stores
+                v = v.astimezone(UTC) if v.tzinfo else v.replace(tzinfo=UTC)
+            except (OverflowError, ValueError):
+                raise InvalidInput(f"{f}: out of range: {v!r}") from None
             params[f] = v.isoformat()
     return params
 

@@ -22,6 +22,9 @@ Two choices of the run are deliberate, and documented in the API itself:
 * ``POST /v1/signals`` may answer 422 to a schema-valid request: a signal names exactly one of
   ``run_id`` and ``correlation_key`` (the API says so; the schema keeps both optional); and 404
   when the run it names does not exist (no generator can know a run id).
+* ``POST /v1/runs/cancel`` may answer 422 to a schema-valid filter: it must name at least one
+  field (the schema keeps each optional); ``POST /v1/runs/{run_id}/cancel`` and ``GET
+  /v1/operations/{operation_id}`` answer 404 for ids no generator can know.
 * ``PUT /v1/limits/{key}`` may answer 422 to a schema-valid body: a rate needs both ``calls``
   and ``per_seconds``, and a limit needs a cap or a rate (the engine says which is missing).
 """
@@ -76,6 +79,18 @@ CONFIG = {
         {
             "include-name": "PUT /v1/limits/{key}",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        },
+        {
+            "include-name": "POST /v1/runs/cancel",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        },
+        {
+            "include-name": "POST /v1/runs/{run_id}/cancel",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
+        },
+        {
+            "include-name": "GET /v1/operations/{operation_id}",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
         },
         {
             "include-name": "POST /v1/signals",

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from onward.api.models import MAX_EVENT_ID, NO_NUL
 from onward.automations.document import ID_PATTERN
@@ -25,6 +25,15 @@ log = logging.getLogger("onward.api")
 
 Text = Annotated[str, Field(min_length=1, max_length=MAX_EVENT_ID, pattern=NO_NUL)]
 Reason = Annotated[str, Field(min_length=1, max_length=1000, pattern=NO_NUL)]
+
+
+def _text_instant(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError("an ISO 8601 instant, as text")
+    return value
+
+
+Instant = Annotated[datetime, BeforeValidator(_text_instant)]
 RunIdPath = Annotated[str, Path(pattern=NO_NUL, max_length=256)]
 OperationIdPath = Annotated[str, Path(pattern=NO_NUL, max_length=256)]
 
@@ -61,8 +70,8 @@ class CancelFilter(BaseModel):
     version: int | None = Field(default=None, ge=1, le=2_147_483_647, strict=True)
     status: Literal["active", "waiting", "parked"] | None = None
     contact_id: Text | None = None
-    created_before: datetime | None = None
-    created_after: datetime | None = None
+    created_before: Instant | None = None
+    created_after: Instant | None = None
     reason: Reason | None = None
     by: Text | None = None
 
