@@ -9,7 +9,12 @@
   (``runs.cancel_requested_at``, history ``cancel_requested``) and stops at its next safe point:
   the next claim of its step reads the mark and ends the step and run ``cancelled``
   (``policy.stop_check``). The call already in flight may finish; an interrupted one becomes
-  ``outcome_unknown`` and is reconciled -- never claimed undone.
+  ``outcome_unknown`` and is reconciled -- never claimed undone. The effect claim reads the
+  mark in its own statement (``effects.sql claim``), so no call starts after the cancel commits;
+  a step that would wait, retry, be deferred or park ends cancelled instead
+  (``leases.sql settle_cancel_requested``). A ``ready`` step whose earlier attempt was
+  interrupted mid-call is handled the same way (marked, made claimable now), so its next claim
+  reconciles the effect before the step ends.
 * **Finished**: nothing changes; the answer says so.
 
 Cancel is idempotent and says what it did per run (``outcome``: ``cancelled``,
@@ -21,10 +26,10 @@ Lock order, the same as a timer's fire and a signal's intake: the run's transiti
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from onward import approvals, operations, signals, timers
+from onward import approvals, effects, operations, signals, timers
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import InvalidInput, UnknownRun
@@ -63,7 +68,7 @@ async def cancel_in_tx(
     if run["finished_at"] is not None:
         done = "already_cancelled" if run["status"] == "cancelled" else "already_finished"
         return {**answer, "outcome": done}
-    if step is None or step["status"] == "running":
+    if step is None or step["status"] == "running" or await _interrupted_effect(conn, step, args):
         got = await (
             await conn.execute(
                 Q.request,
@@ -89,6 +94,15 @@ async def cancel_in_tx(
     return {**answer, "status": "cancelled", "outcome": "cancelled", "was": was}
 
 
+async def _interrupted_effect(conn: Conn, step: dict[str, Any], args: dict[str, Any]) -> bool:
+    """A ready step whose earlier attempt was interrupted mid-call (an effect ``in_flight`` or
+    ``outcome_unknown``) is not cancelled at once: its next claim reconciles the effect (never
+    calls it again) and then ends it cancelled. The request makes it claimable now."""
+    if step["status"] != "ready":
+        return False
+    return await effects.unsettled_of_step(conn, args["org_id"], args["run_id"], step["seq"])
+
+
 async def cancel_run(
     pool: Pool, org_id: str, run_id: str, *, by: str, reason: str | None = None
 ) -> dict[str, Any]:
@@ -106,7 +120,16 @@ def check_filter(params: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput("a bulk cancel names at least one of: " + ", ".join(FILTERS))
     for f in ("created_before", "created_after"):
         v = params.get(f)
+        if isinstance(v, str):
+            try:
+                v = datetime.fromisoformat(v)
+            except ValueError:
+                raise InvalidInput(f"{f}: not an ISO 8601 instant: {v!r}") from None
         if isinstance(v, datetime):
+            try:  # in UTC (a naive instant is taken as UTC): what PostgreSQL stores
+                v = v.astimezone(UTC) if v.tzinfo else v.replace(tzinfo=UTC)
+            except (OverflowError, ValueError):
+                raise InvalidInput(f"{f}: out of range: {v!r}") from None
             params[f] = v.isoformat()
     return params
 

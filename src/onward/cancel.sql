@@ -49,8 +49,13 @@ SELECT count(*) AS cancelled FROM st;
 
 -- name: request
 -- A step is in flight: ask it to stop at its next safe point (first request wins the
--- timestamp; a repeated request changes nothing and writes no history).
-WITH run AS (
+-- timestamp; a repeated request changes nothing and writes no history). A ready step (one
+-- whose interrupted effect must be reconciled first) becomes claimable now.
+WITH step AS (
+    UPDATE steps SET available_at = least(available_at, now()), updated_at = now()
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'ready'
+),
+run AS (
     UPDATE runs
     SET cancel_requested_at = now(), cancel_requested_by = %(by)s, updated_at = now()
     WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND finished_at IS NULL

@@ -5,6 +5,8 @@
 1. **Claim or read** the effect row by key (``<run_id>/<step_id>/<iteration>``: the same for
    every attempt, different for every loop iteration).
 2. ``settled``: return the recorded result -- the provider is not called again.
+   A claim (and a new attempt) reads the run's ``cancel_requested_at`` in its own statement:
+   a cancelled run's effect is never called (``RunCancelled``), only reconciled.
 3. ``in_flight`` with a live effect lease: another attempt may be calling the provider right
    now. Wait for it to settle or for its lease to lapse; never overlap it.
 4. ``in_flight`` with a lapsed lease, or ``outcome_unknown``: the call may have happened.
@@ -37,7 +39,7 @@ from onward.connectors.base import Connector
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
-from onward.errors import NeedsReview, OutcomeUnknown, StepError
+from onward.errors import NeedsReview, OutcomeUnknown, RunCancelled, StepError
 from onward.kinds import StepContext
 
 Q = Queries(__package__, "effects.sql")
@@ -46,6 +48,13 @@ Q = Queries(__package__, "effects.sql")
 def _error(exc: BaseException) -> Jsonb:
     detail = exc.detail if isinstance(exc, StepError) else {}
     return Jsonb({"type": type(exc).__name__, "message": str(exc)[:1000], "detail": detail})
+
+
+async def unsettled_of_step(conn: Conn, org_id: str, run_id: str, seq: int) -> bool:
+    """Whether the step entry has an effect whose outcome is not recorded (``in_flight`` or
+    ``outcome_unknown``): its worker died or was interrupted mid-call."""
+    cur = await conn.execute(Q.unsettled_of_step, {"org_id": org_id, "run_id": run_id, "seq": seq})
+    return await cur.fetchone() is not None
 
 
 class Effects:
@@ -93,7 +102,10 @@ class Effects:
         token: int | None = claimed["owner_token"] if claimed else None
         while token is None:
             row = await self._one(Q.read, args)
-            if row is None:  # withdrawn between our claim and read: claim afresh
+            if row is None:
+                if claimed and claimed["cancelled"]:
+                    raise self._cancelled(key)
+                # withdrawn between our claim and read: claim afresh
                 claimed = await self._one(Q.claim, args)
                 token = claimed["owner_token"] if claimed else None
                 continue
@@ -120,6 +132,8 @@ class Effects:
                 parked = await self._one(Q.park_for_review, {**args, "error": None})
                 raise self._review(key, connector, parked or row)
             begun = await self._one(Q.begin_attempt, args)
+            if begun and begun["cancelled"]:
+                raise self._cancelled(key)  # reconciled above; never called again
             token = begun["owner_token"] if begun else None
         crash_point("effect.after_claim")
         result = await self._perform(args, token, key, connector, params)
@@ -182,6 +196,17 @@ class Effects:
             read = await self._one(Q.read, args)
             return dict(read["result"] or {}) if read else result
         return result
+
+    async def unsettled(self, org_id: str, run_id: str, seq: int) -> bool:
+        """Whether the step entry has an effect whose outcome is not recorded."""
+        async with self.pool.connection() as conn:
+            return await unsettled_of_step(conn, org_id, run_id, seq)
+
+    @staticmethod
+    def _cancelled(key: str) -> RunCancelled:
+        return RunCancelled(
+            f"effect {key}: not called, the run was cancelled", detail={"effect_key": key}
+        )
 
     @staticmethod
     def _review(key: str, connector: Connector, row: dict[str, Any]) -> NeedsReview:

@@ -4,14 +4,27 @@
 -- earlier call may still be running.
 
 -- name: claim
--- First attempt: create the row in_flight, owned by token 1, with its lease. No row returned:
--- the effect exists already; read it (read) and decide.
-INSERT INTO effects (org_id, effect_key, run_id, seq, provider, status, owner_token, lease_until,
-                     attempts, first_attempt_at, last_attempt_at)
-VALUES (%(org_id)s, %(effect_key)s, %(run_id)s, %(seq)s, %(provider)s, 'in_flight', 1,
-        now() + make_interval(secs => %(lease)s), 1, now(), now())
-ON CONFLICT (org_id, effect_key) DO NOTHING
-RETURNING owner_token;
+-- First attempt: create the row in_flight, owned by token 1, with its lease -- unless the run was
+-- cancelled (R12): the run row is read with a lock (FOR KEY SHARE) in this statement, so a cancel
+-- committing meanwhile is seen (the lock waits for it) and one coming later waits for this claim
+-- to commit: no call starts after a cancel commits except one claimed before it. owner_token
+-- NULL and not cancelled: the effect exists already; read it (read) and decide.
+WITH run AS (
+    SELECT cancel_requested_at IS NOT NULL AS cancelled FROM runs
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+    FOR KEY SHARE
+),
+ins AS (
+    INSERT INTO effects (org_id, effect_key, run_id, seq, provider, status, owner_token,
+                         lease_until, attempts, first_attempt_at, last_attempt_at)
+    SELECT %(org_id)s, %(effect_key)s, %(run_id)s, %(seq)s, %(provider)s, 'in_flight', 1,
+           now() + make_interval(secs => %(lease)s), 1, now(), now()
+    WHERE NOT EXISTS (SELECT 1 FROM run WHERE cancelled)
+    ON CONFLICT (org_id, effect_key) DO NOTHING
+    RETURNING owner_token
+)
+SELECT (SELECT owner_token FROM ins) AS owner_token,
+       coalesce((SELECT cancelled FROM run), false) AS cancelled;
 
 -- name: read
 -- The effect as it stands, with whether its lease is still live by the database clock.
@@ -32,13 +45,25 @@ RETURNING owner_token;
 -- name: begin_attempt
 -- A new attempt of an effect whose outcome is unknown (after reconcile found nothing, for a
 -- provider that deduplicates the idempotency key, or one a person allowed: retry_approved_by):
--- a new owner token and a new lease. A person's permission is spent by the attempt it allowed.
-UPDATE effects
-SET status = 'in_flight', owner_token = owner_token + 1, attempts = attempts + 1,
-    lease_until = now() + make_interval(secs => %(lease)s), last_attempt_at = now(),
-    retry_approved_by = NULL
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
-RETURNING owner_token;
+-- a new owner token and a new lease (a person's permission is spent by the attempt it allowed) -- unless
+-- the run was cancelled, read with a lock as in claim: a cancelled run's effect stays
+-- outcome_unknown (reconciled, never called again, never claimed undone).
+WITH run AS (
+    SELECT cancel_requested_at IS NOT NULL AS cancelled FROM runs
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+    FOR KEY SHARE
+),
+up AS (
+    UPDATE effects
+    SET status = 'in_flight', owner_token = owner_token + 1, attempts = attempts + 1,
+        lease_until = now() + make_interval(secs => %(lease)s), last_attempt_at = now(),
+        retry_approved_by = NULL
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
+      AND NOT EXISTS (SELECT 1 FROM run WHERE cancelled)
+    RETURNING owner_token
+)
+SELECT (SELECT owner_token FROM up) AS owner_token,
+       coalesce((SELECT cancelled FROM run), false) AS cancelled;
 
 -- name: heartbeat
 -- Extend the effect lease while the call runs, only while this token owns it.
@@ -115,3 +140,12 @@ RETURNING effect_key;
 UPDATE effects SET status = 'skipped', lease_until = NULL
 WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'review'
 RETURNING effect_key;
+
+-- name: unsettled_of_step
+-- The effects of one step entry whose outcome is not recorded (in_flight or outcome_unknown):
+-- a cancelled run's step with one runs its kind once more, to reconcile it (never to call).
+-- Served by effects_unsettled.
+SELECT effect_key, status FROM effects
+WHERE org_id = %(org_id)s AND status IN ('in_flight', 'outcome_unknown')
+  AND run_id = %(run_id)s AND seq = %(seq)s
+LIMIT 1;

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,11 +21,13 @@ from onward import actions, erasure, timers
 from onward import approvals as approval_ops  # (also registers the approval kind)
 from onward import budgets as budget_ops
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
+from onward import cancel as cancel_ops
 from onward import circuits as circuit_ops
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
 from onward import lanes as lane_ops
 from onward import limits as limit_ops
 from onward import notify as notify_ops
+from onward import operations as operation_ops
 from onward import retention as retention_ops
 from onward import schedules as schedule_ops
 from onward import signals as signal_ops
@@ -392,6 +394,65 @@ class Engine:
             version=version,
         )
 
+    # -- cancellation (R12) and bulk operations -------------------------------------------------
+    async def cancel(
+        self, run_id: str, *, by: str = "operator", reason: str | None = None
+    ) -> dict[str, Any]:
+        """Cancel one run. A waiting, parked or ready run is cancelled at once (its timers and
+        pending approval closed); a run with a step in flight is marked and stops at its next
+        safe point. Idempotent; ``outcome`` says what it did: ``cancelled``,
+        ``cancel_requested``, ``already_requested``, ``already_cancelled``,
+        ``already_finished``. Raises ``UnknownRun``."""
+        return await cancel_ops.cancel_run(self.pool, self.org_id, run_id, by=by, reason=reason)
+
+    async def cancel_many(
+        self,
+        *,
+        by: str = "operator",
+        reason: str | None = None,
+        on_batch: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+        batch: int = operation_ops.BATCH,
+        **filters: Any,
+    ) -> dict[str, Any]:
+        """Cancel every unfinished run the filter names (``automation_id``, ``version``,
+        ``status``, ``contact_id``, ``created_before``, ``created_after``; at least one), in
+        batches recorded as an operation (``on_batch`` sees its row and the batch's per-run
+        answers after each batch). Returns the operation's final row."""
+        return await cancel_ops.cancel_many(
+            self.pool, self.org_id, by=by, reason=reason, batch=batch, on_batch=on_batch, **filters
+        )
+
+    async def begin_cancel_many(
+        self, *, by: str = "operator", reason: str | None = None, **filters: Any
+    ) -> dict[str, Any]:
+        """Record a bulk cancel without driving it (``resume_operation`` drives it; the API
+        does so in the background). Returns the new operation's row."""
+        params = cancel_ops.check_filter({k: v for k, v in filters.items() if v is not None})
+        params.update(by=by, reason=reason)
+        return await operation_ops.begin(self.pool, self.org_id, "cancel", params, requested_by=by)
+
+    async def operation(self, operation_id: str) -> dict[str, Any]:
+        """One bulk operation: its kind, parameters, progress (``done``, ``outcomes``), status.
+        Raises ``UnknownOperation``."""
+        return await operation_ops.get(self.pool, self.org_id, operation_id)
+
+    async def operations(self, *, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest bulk operations first."""
+        return await operation_ops.list_operations(self.pool, self.org_id, limit=limit)
+
+    async def resume_operation(
+        self,
+        operation_id: str,
+        *,
+        on_batch: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+        batch: int = operation_ops.BATCH,
+    ) -> dict[str, Any]:
+        """Continue an operation from its cursor (its driver died or was stopped); a finished
+        one is returned as it is. Raises ``UnknownOperation``."""
+        return await operation_ops.resume(
+            self.pool, self.org_id, operation_id, batch=batch, on_batch=on_batch
+        )
+
     # -- flow control (R5): limits, circuits, budgets, lanes -----------------------------------
     async def set_limit(
         self,
@@ -652,12 +713,6 @@ class Engine:
         self._driving.add(task)
         task.add_done_callback(self._driving.discard)
         return op
-
-    async def operation(self, operation_id: str) -> dict[str, Any]:
-        """A bulk operation's row: its progress (``UnknownOperation`` if none)."""
-        from onward import operations
-
-        return await operations.get(self.pool, self.org_id, operation_id)
 
     # -- notifications that arrive (R15, onward.notify) -----------------------------------------
     async def _kick_notifier(self, subject: str, body: dict[str, Any]) -> None:

@@ -36,6 +36,8 @@ The hierarchy::
         ├── NeedsReview             a person must look: parks the step with what is known
         ├── Deferred                a limit (cap, rate) held the call back: ready again after
         │                           ``delay_s``, no attempt spent
+        ├── RunCancelled            the run was cancelled: the call was not made and the step
+        │                           ends cancelled with its run
         ├── CircuitOpen             the provider's (connection's) circuit is open: the step
         │                           parks until the circuit closes, no attempt spent
         └── BudgetExhausted         the cost budget has no room: the step parks until the
@@ -258,6 +260,12 @@ class Deferred(StepError):
     def __init__(self, delay_s: float, message: str, *, key: str) -> None:
         super().__init__(message, detail={"limit": key, "delay_s": round(delay_s, 3)})
         self.delay_s, self.key = delay_s, key
+
+
+class RunCancelled(StepError):
+    """The run was cancelled while this step ran: the outside call was not made (the effect
+    claim read ``runs.cancel_requested_at`` in its own statement) and the step ends
+    ``cancelled`` with its run (``onward.cancel``)."""
 
 
 class CircuitOpen(StepError):

@@ -248,6 +248,19 @@ async def settle_stop(
     return bool(row and row["settled"])
 
 
+async def settle_cancel_requested(
+    conn: Conn, token: Token, *, worker: str, instead_of: str
+) -> bool:
+    """If the run was asked to cancel while this step ran, end the step and run cancelled
+    (instead of ``instead_of``: a wait, a retry, a deferral, a park). Call it in a transaction
+    after the run's transition lock; False: no cancel was requested, settle as decided."""
+    cur = await conn.execute(
+        Q.settle_cancel_requested, {**token.args(), "worker": worker, "instead_of": instead_of}
+    )
+    row = await cur.fetchone()
+    return bool(row and row["cancelled"])
+
+
 async def release(conn: Conn, tokens: Sequence[Token], worker: str) -> int:
     if not tokens:
         return 0

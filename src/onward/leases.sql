@@ -242,6 +242,41 @@ hist AS (
 )
 SELECT count(*) AS settled FROM s;
 
+-- name: settle_cancel_requested
+-- A cancel was requested while the step ran (R12) and the step would now wait, retry, be
+-- deferred or park: it ends cancelled instead, and its run with it. Runs in the settler's
+-- transaction after the run's transition lock (signals.lock_run), which a cancel takes too, so
+-- this statement's snapshot sees any cancel committed before: none can slip between this check
+-- and the settle that follows it (0 rows here: the settle goes ahead).
+WITH s AS (
+    UPDATE steps st
+    SET status = 'cancelled', owner = NULL, lease_until = NULL, finished_at = now(),
+        updated_at = now()
+    FROM runs r
+    WHERE st.org_id = %(org_id)s AND st.run_id = %(run_id)s AND st.seq = %(seq)s
+      AND st.attempt = %(attempt)s AND st.status = 'running'
+      AND r.org_id = st.org_id AND r.run_id = st.run_id
+      AND r.cancel_requested_at IS NOT NULL AND r.finished_at IS NULL
+    RETURNING st.org_id, st.run_id, st.seq, st.step_id
+),
+run AS (
+    UPDATE runs r
+    SET status = 'cancelled', status_reason = 'cancelled on request', finished_at = now(),
+        updated_at = now()
+    FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT org_id, run_id, e.event, e.seq, e.step_id, %(attempt)s, %(worker)s, e.detail
+    FROM s CROSS JOIN LATERAL (VALUES
+        ('step_cancelled', s.seq, s.step_id,
+         jsonb_build_object('instead_of', %(instead_of)s::text)),
+        ('run_cancelled', NULL::int, NULL::text,
+         jsonb_build_object('reason', 'cancelled on request', 'at', 'settle'))
+    ) AS e(event, seq, step_id, detail)
+)
+SELECT count(*) AS cancelled FROM s;
+
 -- name: release
 -- Graceful shutdown: hand unfinished steps back at once instead of making another worker wait
 -- out the lease. The attempt is kept; the next claim increments it.

@@ -215,6 +215,13 @@ async def resume_stale(pool: Pool, org_id: str, *, limit: int = 5) -> list[dict[
     return done
 
 
+async def stale_orgs(pool: Pool, *, limit: int = 20) -> list[str]:
+    """The organisations with an operation whose driver died (the sweeper resumes them)."""
+    async with pool.connection() as conn:
+        rows = await (await conn.execute(Q.stale_orgs, {"limit": limit})).fetchall()
+    return [r["org_id"] for r in rows]
+
+
 async def get(pool: Pool, org_id: str, operation_id: str) -> dict[str, Any]:
     async with pool.connection() as conn:
         row = await (

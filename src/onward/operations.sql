@@ -57,3 +57,10 @@ SELECT * FROM operations WHERE org_id = %(org_id)s ORDER BY created_at DESC LIMI
 SELECT org_id, operation_id, kind FROM operations
 WHERE org_id = %(org_id)s AND status = 'running' AND lease_until < now()
 ORDER BY lease_until LIMIT %(limit)s;
+
+-- name: stale_orgs
+-- The organisations that have an operation whose driver died (the elected sweeper's page).
+-- A scan of the running operations only (operations_running is partial).
+SELECT DISTINCT org_id FROM operations
+WHERE status = 'running' AND lease_until < now()
+ORDER BY org_id LIMIT %(limit)s;

@@ -5,7 +5,8 @@ answers with one fenced statement (``settle.Settler``):
 
 * :func:`at_claim` -- before the handler runs: a cancel request or an exhausted budget (R13)
   ends the run instead;
-* :func:`after_error` -- the handler raised: park (reconnect, review, an open circuit, an
+* :func:`after_error` -- the handler raised: ``RunCancelled`` (an effect refused to start for a
+  cancelled run) ends the step and run cancelled; else park (reconnect, review, an open circuit, an
   exhausted budget), fail, defer (a limit held the call back: no attempt spent), or retry with
   backoff (``Retry-After`` wins); attempts are counted by failures, not claims;
 * :func:`after_result` -- the handler answered: done and advance to the next step (or complete
@@ -34,6 +35,7 @@ from onward.errors import (
     NeedsReview,
     PermanentError,
     RateLimited,
+    RunCancelled,
     StepError,
 )
 from onward.kinds import Advance, Registry, Wait
@@ -116,12 +118,17 @@ def at_claim(claim: Mapping[str, Any]) -> Stop | None:
     """Before the handler runs. ``claim`` is the claim row (``leases.claim``) or its eager
     equivalent: ``cancel_requested``, ``over_steps``, ``over_age``, ``max_steps``."""
     if claim["cancel_requested"]:
-        return Stop("cancelled", "cancelled", "cancelled on request")
+        return cancelled()
     if claim["over_steps"]:
         return Stop("cancelled", "exceeded", f"step budget of {claim['max_steps']} steps exhausted")
     if claim["over_age"]:
         return Stop("cancelled", "exceeded", "maximum run age reached")
     return None
+
+
+def cancelled(error: dict[str, Any] | None = None) -> Stop:
+    """The run was cancelled: the step ends ``cancelled`` and the run with it."""
+    return Stop("cancelled", "cancelled", "cancelled on request", error)
 
 
 def step_not_in_version(step_id: str) -> Stop:
@@ -171,6 +178,8 @@ def after_error(
     failed attempt number ``failures + 1``."""
     attempt = failures + 1
     error = error_detail(exc)
+    if isinstance(exc, RunCancelled):
+        return cancelled(error)
     if isinstance(exc, Deferred):
         return Defer(exc.delay_s, {"reason": str(exc), **exc.detail})
     if isinstance(exc, AuthorizationError):
@@ -270,6 +279,7 @@ __all__ = [
     "after_error",
     "after_result",
     "at_claim",
+    "cancelled",
     "engine_error",
     "error_detail",
     "kind_not_registered",

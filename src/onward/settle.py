@@ -102,47 +102,67 @@ class Settler:
 
     async def stop(self, token: Token, t: Stop) -> bool:
         async with self.pool.connection() as conn:
-            return await leases.settle_stop(
-                conn,
-                token,
-                worker=self.worker,
-                step_status=t.step_status,
-                run_status=t.run_status,
-                reason=t.reason,
-                error=t.error,
-                wait_kind=t.wait_kind,
-            )
+            if t.step_status != "parked":
+                return await self._stop(conn, token, t)
+            async with conn.transaction():
+                if await self._cancelled_instead(conn, token, f"park:{t.wait_kind}"):
+                    return True
+                return await self._stop(conn, token, t)
+
+    async def _stop(self, conn: Conn, token: Token, t: Stop) -> bool:
+        return await leases.settle_stop(
+            conn,
+            token,
+            worker=self.worker,
+            step_status=t.step_status,
+            run_status=t.run_status,
+            reason=t.reason,
+            error=t.error,
+            wait_kind=t.wait_kind,
+        )
 
     async def retry(self, token: Token, t: Retry) -> bool:
-        async with self.pool.connection() as conn:
+        async with self.pool.connection() as conn, conn.transaction():
+            if await self._cancelled_instead(conn, token, "retry"):
+                return True
             return await leases.settle_retry(
                 conn, token, worker=self.worker, delay=t.delay, error=t.error, retry_at=t.retry_at
             )
 
     async def defer(self, token: Token, t: Defer) -> bool:
-        async with self.pool.connection() as conn:
+        async with self.pool.connection() as conn, conn.transaction():
+            if await self._cancelled_instead(conn, token, "defer"):
+                return True
             return await leases.settle_defer(
                 conn, token, worker=self.worker, delay=t.delay, detail=t.detail
             )
 
+    async def _cancelled_instead(self, conn: Conn, token: Token, instead_of: str) -> bool:
+        """A step that would wait, retry, be deferred or park while its run was asked to cancel
+        ends cancelled instead (R12): a cancel that came while it ran must not wait for a timer
+        or a person. The run's transition lock first, the lock a cancel takes, so the check
+        sees a cancel committed before it and a later cancel finds the step settled."""
+        await signals.lock_run(conn, token.org_id, token.run_id)
+        return await leases.settle_cancel_requested(
+            conn, token, worker=self.worker, instead_of=instead_of
+        )
+
     async def wait(self, token: Token, t: WaitTimer) -> bool:
-        """The step waits (on a timer, on signals, on a person). A signal or approval wait is
-        one transaction with the run's transition lock taken first, so a signal stored (a decision made)
-        before it is seen here and wakes the step at once, and one after it is applied by its
-        own intake (``signals``, ``approvals``), which locks the run the same way."""
-        async with self.pool.connection() as conn:
-            if t.wait_kind == "timer":
-                row = await self._wait(conn, token, t)
-            else:
-                async with conn.transaction():
-                    await signals.lock_run(conn, token.org_id, token.run_id)
-                    row = await self._wait(conn, token, t)
-                    if row is not None and t.wait_kind == "signal":
-                        await signals.consume(conn, token.org_id, token.run_id, worker=self.worker)
-                    elif row is not None:
-                        await approvals.wake_if_decided(
-                            conn, token.org_id, token.run_id, token.seq, worker=self.worker
-                        )
+        """The step waits (on a timer, on signals, on a person). One transaction with the run's
+        transition lock taken first, so a signal stored (a decision made, a cancel requested)
+        before it is seen here -- the signal wakes the step at once, the cancel ends it -- and
+        one after it is applied by its own intake (``signals``, ``approvals``, ``cancel``),
+        which locks the run the same way."""
+        async with self.pool.connection() as conn, conn.transaction():
+            if await self._cancelled_instead(conn, token, f"wait:{t.wait_kind}"):
+                return True
+            row = await self._wait(conn, token, t)
+            if row is not None and t.wait_kind == "signal":
+                await signals.consume(conn, token.org_id, token.run_id, worker=self.worker)
+            elif row is not None and t.wait_kind == "approval":
+                await approvals.wake_if_decided(
+                    conn, token.org_id, token.run_id, token.seq, worker=self.worker
+                )
         crash_point("worker.after_wait")
         return row is not None
 

@@ -16,6 +16,9 @@ Every few seconds the leader:
 7. prunes sent outbox rows, and notifications delivered a month ago (:mod:`onward.notify`);
 8. deletes finished runs past their organisation's retention, a few bounded batches per tick
    (:class:`onward.retention.Pruner`).
+9. continues the bulk operations whose driver died (``onward.operations``: a cancel of many
+   runs, a migration), a bounded page of organisations per tick, in a task of its own so a
+   long operation never delays the next tick.
 
 The sweep fires timers; it never claims steps. Claiming is the workers' job, bounded by their
 free capacity, so the sweep cannot hand out more work than the workers can start.
@@ -30,7 +33,18 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from onward import budgets, circuits, erasure, leases, notify, outbox, retention, schedules, timers
+from onward import (
+    budgets,
+    circuits,
+    erasure,
+    leases,
+    notify,
+    operations,
+    outbox,
+    retention,
+    schedules,
+    timers,
+)
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
@@ -48,6 +62,8 @@ class SweepLimits:
     max_batches: int = 20  # per tick, so a tick stays short
     rescue: int = 500
     rediscover: int = 1000
+    operation_orgs: int = 20  # organisations whose stale operations one pass resumes
+    operations: int = 5  # stale operations per organisation per pass
 
 
 @dataclass
@@ -63,6 +79,7 @@ class SweepStats:
     budget_resumed: int = 0
     erasures: int = 0  # erasures completed after their last run stopped
     retention_pruned: int = 0  # finished runs deleted (onward.retention)
+    operations_resumed: int = 0
     lateness: list[float] = field(default_factory=list)
 
 
@@ -86,6 +103,7 @@ class Sweeper:
         self._budget_after = ""
         self.leadership = Leadership(pool, "sweeper", worker_id, ttl=max(3 * interval, 5.0))
         self.pruner = retention.Pruner(pool, default_days=retention_days, limits=prune_limits)
+        self._operations: asyncio.Task[None] | None = None
 
     async def fire_batch(self) -> tuple[int, list[str]]:
         """One fair batch: returns (timers fired, organisations served)."""
@@ -169,6 +187,7 @@ class Sweeper:
         self.stats.expired += await self.expire_over_age()
         resumed = await self.flow_control()
         self.stats.erasures += await erasure.finish_pending(self.pool)
+        await self.resume_operations()
         if self.stats.ticks % 100 == 0:
             self.stats.pruned += await self.prune_outbox()
             async with self.pool.connection() as conn:
@@ -191,6 +210,25 @@ class Sweeper:
         self.stats.budget_resumed += renewed
         return sum(1 for p in probes if p["probe_run_id"]) + renewed
 
+    async def resume_operations(self) -> None:
+        """Continue the operations whose driver died, in a task (one pass at a time), so a long
+        operation never delays the next tick."""
+        if self._operations is not None and not self._operations.done():
+            return
+        orgs = await operations.stale_orgs(self.pool, limit=self.limits.operation_orgs)
+        if orgs:
+            self._operations = asyncio.create_task(self._resume_operations(orgs))
+
+    async def _resume_operations(self, orgs: list[str]) -> None:
+        try:
+            for org in orgs:
+                done = await operations.resume_stale(self.pool, org, limit=self.limits.operations)
+                self.stats.operations_resumed += len(done)
+        except (psycopg.OperationalError, OSError) as exc:
+            log.warning("sweep: resuming operations failed (%s); next tick", exc)
+        except Exception:
+            log.exception("sweep: resuming operations failed")
+
     async def run(self, stop: asyncio.Event) -> None:
         try:
             while not stop.is_set():
@@ -201,5 +239,8 @@ class Sweeper:
                     log.warning("sweep: database unavailable (%s); retrying", exc)
                 await outbox.sleep_or(stop, self.interval)
         finally:
+            if self._operations is not None:
+                self._operations.cancel()
+                await asyncio.gather(self._operations, return_exceptions=True)
             with contextlib.suppress(psycopg.OperationalError, OSError):
                 await self.leadership.resign()

@@ -269,7 +269,8 @@ class Worker:
         step's row, if any."""
         crash_point("worker.after_claim")
         stop = policy.at_claim(row)
-        if stop is not None:
+        reconcile_only = stop is not None and await self._unsettled_effect(row, token)
+        if stop is not None and not reconcile_only:
             await self._write(token, stop)
             return None
         try:
@@ -324,6 +325,9 @@ class Worker:
             log.info("step %s#%s: lease lost; its result is dropped", token.run_id, token.seq)
             return None
         except Exception as exc:
+            if stop is not None:  # reconciled (or parked for review); the run ends cancelled
+                await self._write(token, stop)
+                return None
             crash_point("worker.before_settle_error")
             retry = step.retry or spec.retry or self._retry(row["lane"])
             await self._write(
@@ -334,6 +338,9 @@ class Worker:
             )
             return None
         crash_point("worker.before_settle")
+        if stop is not None:
+            await self._write(token, stop)
+            return None
         return await self._after_result(row, token, step, doc, result)
 
     async def _after_result(
@@ -346,6 +353,16 @@ class Worker:
             await self._write(token, t)
             return None
         return await self._proceed(row, token, step, t)
+
+    async def _unsettled_effect(self, row: dict[str, Any], token: Token) -> bool:
+        """A cancelled run's step whose earlier attempt left an effect unsettled (its worker
+        died mid-call) runs its kind once more, only to reconcile it: the effect claim reads
+        the cancel, so the provider is searched, never called again, and then the step ends
+        cancelled. Asked only when the claim says the run is cancelled."""
+        effects = getattr(self.integrations, "effects", None)
+        if not row.get("cancel_requested") or effects is None or row.get("attempt", 1) <= 1:
+            return False
+        return bool(await effects.unsettled(token.org_id, token.run_id, token.seq))
 
     async def _call(
         self, spec: KindSpec, ctx: StepContext, lease_lost: asyncio.Event, timeout: float | None

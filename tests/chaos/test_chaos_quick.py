@@ -6,7 +6,8 @@ and woken, every wake delivered twice and out of order, and the sweeper's clock 
 fast -- while people click Approve in Slack (two approvers at once, Slack retries and replays)
 and answer the emails (every reply delivered twice; early, late, or never) -- and while the CRM
 fails in bursts that open, probe and close its circuit, and drafts park on a budget in tokens
-until the runner raises it. It fails if any figure is wrong: a run lost or unfinished, a
+until the runner raises it, and while the runner cancels some runs through the API (waiting,
+and with a step in flight). It fails if any figure is wrong: a run lost or unfinished, a
 transition, a decision or a signal applied twice, a step not following its decision or its
 signal, a duplicate effect at any provider, a completed run without its provider work or a
 draft without its charge, a run left parked on a circuit or a budget, a process dying in a
@@ -21,7 +22,7 @@ import pytest
 
 from onward.chaos import run_chaos
 from onward.chaos.runner import CIRCUIT_POINTS, LEADER_POINTS, UNREACHABLE
-from onward.chaos.scenario import charges
+from onward.chaos.scenario import cancel_plan, charges
 from onward.config import Settings
 from onward.crashpoints import POINTS
 
@@ -54,7 +55,12 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     # every run finished or waits for a person; none failed, none is stuck
     assert report.lost == 0 and report.unfinished == 0 and report.no_way_forward == 0
     assert report.failed == 0 and report.parked_other == 0
-    assert report.completed + report.parked_for_review == RUNS
+    assert report.completed + report.parked_for_review + report.cancelled == RUNS
+    # cancelled through the API while waiting and with a step in flight: each run ended
+    # cancelled, and no provider call began after its cancel committed (except in flight)
+    assert report.cancelled == len([i for i in range(RUNS) if cancel_plan(i)])
+    assert report.cancels.get("cancelled", 0) > 0 and report.cancels.get("cancel_requested", 0) > 0
+    assert report.cancels_not_honoured == 0 and report.calls_after_cancel == 0
     assert set(report.parked_by_provider) <= {"model", "payment"}  # never email or CRM
     assert report.charged_runs <= charges(RUNS)
     # nothing applied twice, at home or at a provider

@@ -28,6 +28,9 @@ Two choices of the run are deliberate, and documented in the API itself:
 * the operator actions (``POST /v1/runs/{run_id}/review``, ``/resume``, ``/fork``) may answer
   404 (no generator can know a run id), 409 (the action does not apply to the run as it is)
   and 422 (``happened`` without its reference, or a reference with another resolution).
+* ``POST /v1/runs/cancel`` may answer 422 to a schema-valid filter: it must name at least one
+  field (the schema keeps each optional); ``POST /v1/runs/{run_id}/cancel`` and ``GET
+  /v1/operations/{operation_id}`` answer 404 for ids no generator can know.
 * ``PUT /v1/limits/{key}`` may answer 422 to a schema-valid body: a rate needs both ``calls``
   and ``per_seconds``, and a limit needs a cap or a rate (the engine says which is missing).
 """
@@ -92,6 +95,18 @@ CONFIG = {
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
         },
         {
+            "include-name": "POST /v1/runs/cancel",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+        },
+        {
+            "include-name": "POST /v1/runs/{run_id}/cancel",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
+        },
+        {
+            "include-name": "GET /v1/operations/{operation_id}",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
+        },
+        {
             "include-name": "POST /v1/signals",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "422"]}},
         },
@@ -99,11 +114,6 @@ CONFIG = {
             # a migration names versions and steps no generator can know: refused with 422
             "include-name": "POST /v1/automations/{automation_id}/migrations",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
-        },
-        {
-            # an operation id no generator can know: 404
-            "include-name": "GET /v1/operations/{operation_id}",
-            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
         },
         {  # an email that is not an address, a contact id of blanks: 422
             "include-name": "POST /v1/contacts/{contact_id}/erase",

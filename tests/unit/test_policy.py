@@ -19,6 +19,7 @@ from onward.errors import (
     PermanentError,
     RateLimited,
     RetryableError,
+    RunCancelled,
 )
 from onward.kinds import Advance, KindSpec, Registry, Wait
 
@@ -290,3 +291,16 @@ def test_attempts_count_failures_not_claims() -> None:
         RetryableError("503"), step_id="s", failures=1, retry=RetryPolicy(max_attempts=3)
     )
     assert isinstance(t, policy.Retry)
+
+
+def test_a_refused_call_of_a_cancelled_run_ends_it_cancelled() -> None:
+    exc = RunCancelled("effect k: not called, the run was cancelled", detail={"effect_key": "k"})
+    stop = policy.after_error(exc, step_id="send", failures=0, retry=RetryPolicy())
+    assert isinstance(stop, policy.Stop)
+    assert (stop.step_status, stop.run_status, stop.reason) == (
+        "cancelled",
+        "cancelled",
+        "cancelled on request",
+    )
+    assert stop.error is not None and stop.error["type"] == "RunCancelled"
+    assert stop == policy.cancelled(stop.error)

@@ -55,6 +55,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from onward.api import actions as action_routes
+from onward.api import cancel as cancel_routes
 from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
 from onward.api import migrations as migration_routes
@@ -338,13 +339,28 @@ HTTP_ERRORS = {
 }
 
 
+def _flat(routes: list[Any]) -> list[Any]:
+    """The routes, with those of included routers (``original_router``) in their place."""
+    out: list[Any] = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        out.extend(_flat(inner.routes) if inner is not None else [route])
+    return out
+
+
 def allowed_methods(request: Request) -> str:
-    """Every method some route serves at this path (Starlette names only the first route's)."""
+    """Every method some route serves at this path (Starlette names only the first route's).
+    A path with a route of its own (``/v1/runs/cancel``) names that route's methods, not those
+    of a templated route it also fits (``/v1/runs/{run_id}``)."""
+    matching = [
+        route
+        for route in _flat(request.app.router.routes)
+        if route.matches(request.scope)[0] is not Match.NONE
+    ]
+    exact = [r for r in matching if "{" not in getattr(r, "path", "{")]
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
+    for route in exact or matching:
+        methods |= getattr(route, "methods", None) or set()
     order = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
     return ", ".join(sorted(methods, key=lambda m: (order.index(m) if m in order else 99, m)))
 
@@ -703,6 +719,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(action_routes.router())
     app.include_router(retention_routes.router())
     app.include_router(notify_routes.router())
+    app.include_router(cancel_routes.router())
     _document_automation_schema(app)
     return app
 

@@ -9,14 +9,13 @@ driven in batches by this process: 202 with its row, whose progress ``GET
 this process stops, the operation keeps its cursor and ``operations.resume`` continues it.
 """
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from onward.api.models import NO_NUL
+from onward.api.models import NO_NUL, OperationView, operation_view
 from onward.automations.document import ID_PATTERN
 
 StepId = Annotated[str, Field(pattern=ID_PATTERN)]
@@ -68,32 +67,9 @@ class MigrationPlan(BaseModel):
     plan: list[PlannedRun] = Field(description="the first 1000 runs, by run id")
 
 
-class OperationView(BaseModel):
-    """A bulk operation and its progress."""
-
-    model_config = ConfigDict(populate_by_name=True)
-    operation_id: str
-    kind: str
-    status: str = Field(description="running, done or failed")
-    requested_by: str
-    pass_: int = Field(alias="pass", description="the pass over the runs (runs in flight defer)")
-    done: int = Field(description="runs handled, each once, by its final outcome")
-    deferred: int = Field(description="runs deferred (in flight) in the current pass")
-    outcomes: dict[str, int]
-    after_run_id: str = Field(description="the cursor: runs up to it are handled in this pass")
-    error: str | None = None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None = None
-
-
-def _operation(row: dict[str, Any]) -> dict[str, Any]:
-    return OperationView.model_validate(row).model_dump(mode="json", by_alias=True)
-
-
 def router() -> APIRouter:
     """The migration and operation routes, for ``create_app`` to include."""
-    from onward.api.app import NOT_FOUND, JsonRoute, OrgDep
+    from onward.api.app import JsonRoute, OrgDep
 
     routes = APIRouter(route_class=JsonRoute, tags=["versions"])
 
@@ -130,17 +106,6 @@ def router() -> APIRouter:
         if body.dry_run:
             plan = MigrationPlan.model_validate(answer).model_dump(mode="json", by_alias=True)
             return JSONResponse(plan, status_code=200)
-        return JSONResponse(_operation(answer), status_code=202)
-
-    @routes.get(
-        "/v1/operations/{operation_id}",
-        response_model=OperationView,
-        response_model_by_alias=True,
-        tags=["operations"],
-        responses=NOT_FOUND,
-    )
-    async def operation(operation_id: OperationIdPath, org: OrgDep) -> Any:
-        """A bulk operation's progress (a migration's, a bulk cancel's)."""
-        return _operation(await org.read(lambda: org.engine.operation(operation_id)))
+        return JSONResponse(operation_view(answer), status_code=202)
 
     return routes

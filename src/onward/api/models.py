@@ -299,3 +299,29 @@ class TriggerAnswer(BaseModel):
     run_id: str | None = None
     start_key: str | None = None
     reason: str | None = None
+
+
+class OperationView(BaseModel):
+    """A bulk operation (a cancel of many runs, a migration) and its progress."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    operation_id: str
+    kind: str
+    status: str = Field(description="running, done or failed")
+    params: dict[str, Any]
+    requested_by: str
+    pass_: int = Field(alias="pass", description="the pass over the runs (runs in flight defer)")
+    done: int = Field(description="runs handled so far, each once, by its final outcome")
+    deferred: int = Field(description="runs deferred (in flight) in the current pass")
+    outcomes: dict[str, int] = Field(description="how many runs got each outcome")
+    after_run_id: str = Field(description="the cursor: runs after this id are not handled yet")
+    error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+    lease_until: datetime | None = None
+
+
+def operation_view(row: dict[str, Any]) -> dict[str, Any]:
+    """An operation row as the API shows it (``pass`` by its name)."""
+    return OperationView.model_validate(row).model_dump(mode="json", by_alias=True)

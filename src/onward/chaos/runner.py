@@ -288,6 +288,13 @@ class Report:
     budget_charges: int = 0  # effect keys charged
     budget_reservations_left: int = 0  # reservation rows at the end (live or lapsed)
     budget_missing_charges: int = 0  # completed runs' drafts with no charge: must be 0
+    # cancellation (R12): the runner cancels some runs through the API
+    cancels: dict[str, int] = field(default_factory=dict)  # the API's outcome -> runs
+    cancelled: int = 0  # runs cancelled at the end
+    cancels_not_honoured: int = 0  # a cancel answered, the run not cancelled at the end
+    calls_after_cancel: int = 0  # provider work begun after the cancel committed: must be 0
+    calls_in_flight_at_cancel: int = 0  # done after the answer, claimed before the cancel
+    cancel_violations: list[str] = field(default_factory=list)
     doctor: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
     time_limit_s: float = 0.0
@@ -339,6 +346,10 @@ class Report:
             + (f"   ({parked})" if parked else "")
             + f"   [{self.charged_runs} runs reached the payment provider]",
             f"runs failed                  {self.failed}",
+            f"runs cancelled               {self.cancelled}   (the API answered "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.cancels.items())) or "nothing")
+            + f"; not ended cancelled {self.cancels_not_honoured}; provider calls after the "
+            f"cancel {self.calls_after_cancel}, in flight at it {self.calls_in_flight_at_cancel})",
             f"runs parked otherwise        {self.parked_other}",
             f"runs lost (no way forward)   {self.lost}"
             f"   (unfinished at the end {self.unfinished}, no durable way forward "
@@ -475,6 +486,13 @@ class Report:
             out.append(f"{self.scheduled_gaps} scheduled firings without a run")
         if self.budget_missing_charges:
             out.append(f"{self.budget_missing_charges} completed drafts never charged")
+        if self.cancels_not_honoured:
+            out.append(f"{self.cancels_not_honoured} cancelled runs not ended cancelled")
+        if self.calls_after_cancel:
+            out.append(
+                f"{self.calls_after_cancel} provider calls begun after a cancel: "
+                + "; ".join(self.cancel_violations[:3])
+            )
         return out
 
 
@@ -588,6 +606,61 @@ def _expected_work(conn: psycopg.Connection[dict[str, Any]], org: str) -> list[t
             key = f"{r['run_id']}/{r['step_id']}/1"
             expected.append((scenario.EFFECT_STEPS[r["step_id"]], key))
     return expected
+
+
+def _cancel_figures(
+    url: str,
+    org: str,
+    cancels: dict[str, tuple[str, float]],
+    entries: list[dict[str, Any]],
+    report: Report,
+) -> None:
+    """Every cancel the API answered ended its run cancelled, and no provider work of a
+    cancelled run began after its cancel committed: work the ledger shows after the answer
+    must belong to an effect attempt claimed before the cancel (the call then in flight)."""
+    report.cancels = dict(Counter(outcome for outcome, _ in cancels.values()))
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        report.cancelled = conn.execute(
+            "SELECT count(*) AS n FROM runs WHERE org_id = %s AND status = 'cancelled'", (org,)
+        ).fetchone()["n"]  # type: ignore[index]
+        runs = {
+            r["run_id"]: r
+            for r in conn.execute(
+                "SELECT run_id, status, cancel_requested_at FROM runs"
+                " WHERE org_id = %s AND run_id = ANY(%s)",
+                (org, list(cancels)),
+            ).fetchall()
+        }
+        effects = {
+            e["effect_key"]: e
+            for e in conn.execute(
+                "SELECT effect_key, run_id, last_attempt_at FROM effects"
+                " WHERE org_id = %s AND run_id = ANY(%s)",
+                (org, list(cancels)),
+            ).fetchall()
+        }
+    report.cancels_not_honoured = sum(
+        1 for run_id in cancels if runs.get(run_id, {}).get("status") != "cancelled"
+    )
+    for e in entries:
+        effect = effects.get(e.get("idempotency_key") or "")
+        if effect is None:
+            continue
+        answered = cancels[effect["run_id"]][1]
+        if e["ts"] <= answered:
+            continue  # before the answer: the cancel may not have committed yet
+        # The answer came after the cancel committed. An attempt claimed after the answer
+        # began after the commit; one claimed before it was claimed before the commit (the
+        # claim reads the run with a lock the cancel waits for) or was refused.
+        if effect["last_attempt_at"].timestamp() <= answered:
+            report.calls_in_flight_at_cancel += 1
+        else:
+            report.calls_after_cancel += 1
+            report.cancel_violations.append(
+                f"{e['provider']} {effect['effect_key']}: claimed {effect['last_attempt_at']},"
+                f" cancel requested {runs[effect['run_id']]['cancel_requested_at']},"
+                f" answered {datetime.fromtimestamp(answered).isoformat()}"
+            )
 
 
 def _people_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: Report) -> None:
@@ -1133,6 +1206,7 @@ class _Chaos:
         self.burst_plan: list[float] = []
         self.last_burst = -BURST_EVERY_S
         self.parked_on_budget = 0
+        self.cancels: dict[str, tuple[str, float]] = {}  # run_id -> (outcome, answered at)
         self.budget = float(scenario.budget_start())
         self.last_raise = 0.0
 
@@ -1389,6 +1463,37 @@ class _Chaos:
             self.budget = per_day
             self.report.budget_raises += 1
 
+    def _cancel(self) -> None:
+        """Cancel the runs ``scenario.cancel_plan`` names when they reach their moment, through
+        the API process (it may be down: then again on the next step; a cancel is idempotent).
+        The answer's instant bounds the cancel's commit from above, for the ledger check."""
+        if self.monitor is None or self.monitor.closed:
+            return
+        try:
+            rows = self.monitor.execute(_CANCEL_CANDIDATES, {"org": self.settings.org_id})
+            candidates = rows.fetchall()
+        except psycopg.Error:
+            return
+        for r in candidates:
+            plan = scenario.cancel_plan(r["i"])
+            waiting_on = r["status"] == "waiting" and r["step_id"] in ("wait", "wait_reply")
+            if plan == "waiting" and not waiting_on:
+                continue
+            if plan == "in_flight" and not (
+                r["status"] == "running" or (waiting_on and r["step_id"] == "wait_reply")
+            ):
+                continue
+            try:
+                reply = httpx.post(
+                    f"http://127.0.0.1:{self.api_port}/v1/runs/{r['run_id']}/cancel",
+                    json={"by": "chaos", "reason": f"cancelled {plan}"},
+                    timeout=5.0,
+                )
+            except httpx.HTTPError:
+                continue
+            if reply.status_code == 200:
+                self.cancels[r["run_id"]] = (reply.json()["outcome"], time.time())
+
     def _reap(self, proc: Proc, *, stopping: bool = False) -> None:
         rc = proc.popen.returncode
         if not proc.log.closed:
@@ -1574,6 +1679,7 @@ class _Chaos:
                     proc.popen.send_signal(signal.SIGTERM)  # give up on this kill for now
                     proc.term_at = now
         self._flow_control(now)
+        self._cancel()
         if self.all_finished() and not self.schedule_done():
             self.give_up(now)
         for proc in self.procs.values():
@@ -1752,6 +1858,16 @@ class _Chaos:
 
 # Runs started; finished (terminal, or parked for a person -- a run parked on a circuit or on
 # the budget is in flight: it resumes by itself or when the budget is raised); parked on it.
+# The unfinished runs the runner will cancel, not yet asked, with their unfinished step.
+_CANCEL_CANDIDATES = """
+SELECT r.run_id, (r.input->>'i')::int AS i, s.step_id, s.status
+FROM runs r
+JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id
+            AND s.status IN ('ready', 'running', 'waiting', 'parked')
+WHERE r.org_id = %(org)s AND r.finished_at IS NULL AND r.cancel_requested_at IS NULL
+  AND mod((r.input->>'i')::int, 10) IN (4, 8)
+"""
+
 _PROGRESS = """
 SELECT count(*) AS started,
        count(*) FILTER (WHERE r.status = ANY(%s) OR (r.status = 'parked' AND f.wait_kind IS NULL))
@@ -1908,7 +2024,9 @@ def run_chaos(
         lost, expected = _db_figures(url, chaos_settings.org_id, report)
         report.lost = len(lost) + max(0, runs - report.started)
         report.lost_runs = sorted(lost)[:20]
-        _ledger_figures(sandbox.admin.ledger(), report, expected)
+        ledger = sandbox.admin.ledger()
+        _ledger_figures(ledger, report, expected)
+        _cancel_figures(url, chaos_settings.org_id, chaos.cancels, ledger, report)
     report.elapsed_s = chaos.elapsed()
     if keep_logs or not own_logs or not report.ok or report.unexpected_exits:
         report.log_dir = str(logs)

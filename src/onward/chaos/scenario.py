@@ -137,6 +137,17 @@ def reply(i: int) -> Reply:
     return Reply(kind=kind, early=r == 6, text=f"Thursday works for me ({i}).")
 
 
+# Some runs are cancelled by the runner (R12), through the API process: while they wait, or
+# while one of their steps is in flight. By event index, i % 10.
+CANCEL_WAITING, CANCEL_IN_FLIGHT = 4, 8
+
+
+def cancel_plan(i: int) -> str | None:
+    """When the runner cancels run ``i``: ``waiting`` (on its first wait or on the reply),
+    ``in_flight`` (a step running; else while it waits for the reply), or never (None)."""
+    return {CANCEL_WAITING: "waiting", CANCEL_IN_FLIGHT: "in_flight"}.get(i % 10)
+
+
 def draft_cost(i: int) -> int:
     """The most run ``i``'s draft may cost in tokens, as the model connector estimates it
     (prompt tokens, four characters each, plus ``max_tokens``): what it reserves."""
