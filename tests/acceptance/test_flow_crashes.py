@@ -285,6 +285,14 @@ async def test_a_sweeper_killed_after_half_opening_leaves_a_ready_probe_that_clo
     ).fetchone()
     assert first is not None
 
+    async def both_due() -> Any:  # so the sweeper half-opens both in its one statement
+        return sql.execute(
+            "SELECT count(*) = 2 AS due FROM circuits WHERE key = ANY(%s) AND state = 'open'"
+            " AND retry_at <= now()",
+            ([conn_key, provider_key],),
+        ).fetchone()["due"]
+
+    await eventually(both_due, timeout=30, what="both circuits' cool-downs to pass")
     s = spawn(
         "sweeper-s",
         crash_at="circuit.after_half_open",
