@@ -1988,8 +1988,12 @@ class _Chaos:
             return
         self.erase_rows = rows
         armed = next((x.point for x in api.specs if not x.done and x.point in ERASURE_POINTS), None)
-        kills_left = any(
-            x.point in ERASURE_POINTS and not x.done for x in [*self.queues["api"], *api.specs]
+        kills_left = len(
+            {
+                id(x): x
+                for x in [*self.queues["api"], *api.specs]
+                if x.point in ERASURE_POINTS and not x.done
+            }
         )
         for r in rows:
             moment = self._erase_moment(r)
@@ -1997,8 +2001,8 @@ class _Chaos:
                 continue
             if armed == "erasure.after_run" and moment == "early_in_flight":
                 continue  # its erasure would stop at the record: the run is erased later
-            if armed is None and kills_left:
-                return  # kept for the kills still to come
+            if armed is None and len(todo) <= kills_left:
+                return  # kept for the kills still to come (one contact for each at least)
             planned = scenario.erase_plan(self.erase_contacts[r["contact_id"]])
             if armed is None and moment != "finished" and planned != "early":
                 continue  # its contact is erased once its run has finished
