@@ -31,6 +31,24 @@ budget whenever drafts are parked on it (every draft reserves its maximum cost f
 (``scenario.BUDGET_LEASE_S``), so a kill's reservation stops counting soon. A run parked on a
 circuit or a budget is in flight, not finished.
 
+A run's whole life (R11, R12, R14, R15), through the same processes:
+
+* cancels: some runs are cancelled through the API while they wait and with a step in flight
+  (``scenario.cancel_plan``);
+* migration: once ``MIGRATE_AT`` of the schedule is done, version 2 is published and version
+  1's unfinished runs migrated by ``onward runs migrate --batch 3`` (a process of its own,
+  killed at ``migrate.in_batch``), continued by ``onward operations resume`` after each kill;
+* erasures: one contact in ten (``scenario.erase_plan``) is erased through the API (``POST
+  /v1/contacts/{id}/erase``) in its run's first steps or once it finished -- while kills at
+  ``erasure.after_record`` / ``erasure.after_run`` are still to come, mostly when the API is
+  armed at one -- and asked again when the answer is lost; a pending erasure (a step was in
+  flight) is finished by the elected sweeper;
+* an outage: every relay process is armed at ``notify.after_send`` (a line on its stdin), the
+  mailbox's provider refuses (401) until a send marks the connection broken (the notification
+  written; runs park on it) and a moment more, then the runner restores it (``POST
+  /v1/connections/mailbox/restore``); the receiver fails the first attempts, the relay that gets
+  its 2xx dies, the others are disarmed, and another sends it again with the same id.
+
 The people (a thread of the runner, :class:`_People`) act through the sandbox as the scenario
 says (``scenario.decision``, ``scenario.reply``): they click in every approval message once it is
 posted (two approvers at once on some runs, Slack retries and byte-for-byte replays on others),
@@ -66,10 +84,14 @@ late, applied twice; any consumed signal its step did not take), scheduled firin
 per instant, none missing between the first and the last, repeats acknowledged as
 duplicates), flow control (circuits opened, probed and closed, steps parked on circuits and
 on the budget and resumed, the budget's raises and charges), kills per point, unexpected exits,
-the doctor (R16). ``ok`` iff nothing was lost, every run finished or parked for review (none
+the migration (runs per version, migrated, twice, on two versions), the erasures (runs
+erased, identifiers left in any text/jsonb/text[] column), the notifications (written,
+delivered, received once per id, repeats), the doctor (R16). ``ok`` iff nothing was lost, every run finished or parked for review (none
 left parked on a circuit or a budget), nothing applied twice (transitions, decisions,
 signals), no decision or signal went astray, no idempotent provider did work twice, no
-scheduled firing went without its run and no completed draft went uncharged.
+scheduled firing went without its run, no completed draft went uncharged, the migration
+finished with every run on one version, moved at most once, the erasures finished leaving no
+identifier behind, and every notification was received and marked delivered.
 """
 
 from __future__ import annotations

@@ -22,7 +22,14 @@ webhook: a reply on most runs, an unsubscribe on one in eight, nothing on one in
 4 s deadline decides), and on one in eight she answers as soon as the email went out, before
 the step waits for her.
 
-Each run is started by a webhook-like event id (``evt-<i>``), delivered twice.
+Each run is started by a webhook-like event id (``evt-<i>``), delivered twice, naming its
+contact (``contact-<i>``, ``runs.contact_id``).
+
+A run's whole life (R11, R12, R14, R15): the runner cancels some runs (:func:`cancel_plan`),
+erases one contact in ten (:func:`erase_plan`), publishes version 2 mid-run (``no_reply``
+renamed by ``MIGRATION_MAP``, the email's subject changed) and migrates version 1's runs to
+it, and breaks the mailbox's connection for a moment; the organisation's notifications go to
+the sandbox's webhook receiver (``HOOK_INBOX``), which fails the first ``HOOK_FAILS`` attempts.
 
 Flow control (R5) guards every outside call (:func:`configure_flow_control`): each connection
 has a circuit breaker that opens after ``CIRCUIT_THRESHOLD`` failures in its window and

@@ -23,15 +23,17 @@ counters: ``lost`` counts settles refused by the fence) and ``stopped``, and exi
 
 ``starter`` reads lines ``FIRST LAST`` on stdin and delivers the start events
 ``evt-FIRST .. evt-(LAST-1)`` of the chaos scenario (:mod:`onward.chaos.scenario`), each one
-TWICE (webhooks redeliver). It prints ``started <i> <run_id> new|dup`` for the first delivery
-of each, and ``batch <LAST>`` after each batch; EOF ends it.
+TWICE (webhooks redeliver), naming the payload's contact. It prints ``started <i> <run_id>
+new|dup`` for the first delivery of each (``erased <i>`` when a redelivery is refused because
+the runner erased the contact meanwhile), and ``batch <LAST>`` after each batch; EOF ends it.
 
 Crash points are armed from the environment (``ONWARD_CRASH_AT=point@n``): reaching one kills
 the process with SIGKILL, and no handler here runs -- that is the point. ``--standby`` keeps a
 warm spare: the process imports everything, prints ``standby`` and waits for one line
 ``go NAME SPEC`` on stdin (SPEC ``point@n[,point@n]``, or ``-`` for none), then arms the
 points (``crashpoints.arm``, exactly what the environment variable does at import) and starts
-as NAME. With ``--app-prefix`` its database connections carry
+as NAME; a worker then follows lines ``arm SPEC`` / ``disarm NAME`` on stdin (acknowledged by
+``armed SPEC`` / ``disarmed NAME``), which arm more points or disarm some while it runs. With ``--app-prefix`` its database connections carry
 ``application_name=<prefix><NAME>``. SIGUSR1 prints every task's stack (to see where a stalled
 process waits). Every line is flushed, so what was printed before a kill is in the log.
 """
