@@ -627,7 +627,9 @@ class Report:
 # -- the figures, from the rows and the ledger ----------------------------------------------------
 
 
-def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tuple[str, str]]]:
+def _db_figures(
+    url: str, org: str, report: Report, before_erasure: Counter[str]
+) -> tuple[set[str], list[tuple[str, str]]]:
     """Fill the run figures; returns the run ids that count as lost and the provider work the
     completed runs say they did (provider, idempotency key)."""
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
@@ -699,7 +701,7 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tupl
         report.double_decisions = sum(report.doubles.get(k, 0) for k in DECISION_CHECKS)
         report.double_consumed = sum(report.doubles.get(k, 0) for k in SIGNAL_CHECKS)
         _people_figures(conn, org, report, erased)
-        _flow_figures(conn, org, report)
+        _flow_figures(conn, org, report, erased, before_erasure)
         _clock_figures(conn, report)
         report.leases_taken_early = conn.execute(
             "SELECT count(*) AS n FROM history WHERE org_id = %s AND event = 'lease_expired'"
@@ -1042,22 +1044,34 @@ def _people_figures(
     report.outcomes = dict(outcomes)
 
 
-def _flow_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: Report) -> None:
+# The flow-control events of the history, by kind (of one run, or of every run but some).
+_FLOW_EVENTS = """
+SELECT CASE WHEN event = 'circuit_opened' THEN event || ':' || (detail->>'was')
+            WHEN event = 'step_parked' THEN event || ':' || (detail->>'type')
+            WHEN event = 'step_resumed' THEN event || ':' || (detail->>'by')
+            ELSE event END AS what, count(*) AS n
+FROM history
+WHERE org_id = %(org)s AND event IN ('circuit_opened', 'circuit_half_open', 'circuit_closed',
+                                     'step_parked', 'step_resumed')
+  AND (%(run)s::text IS NULL OR run_id = %(run)s) AND run_id <> ALL(%(skip)s::text[])
+GROUP BY 1
+"""
+
+
+def _flow_figures(
+    conn: psycopg.Connection[dict[str, Any]],
+    org: str,
+    report: Report,
+    erased: list[str],
+    before_erasure: Counter[str],
+) -> None:
     """Circuits opened, probed and closed, steps parked on them and on the budget and
-    resumed, and the budget's charges: one per completed draft."""
-    events = {
-        r["what"]: r["n"]
-        for r in conn.execute(
-            """SELECT CASE WHEN event = 'circuit_opened' THEN event || ':' || (detail->>'was')
-                           WHEN event = 'step_parked' THEN event || ':' || (detail->>'type')
-                           WHEN event = 'step_resumed' THEN event || ':' || (detail->>'by')
-                           ELSE event END AS what, count(*) AS n
-               FROM history WHERE org_id = %s AND event IN ('circuit_opened',
-                   'circuit_half_open', 'circuit_closed', 'step_parked', 'step_resumed')
-               GROUP BY 1""",
-            (org,),
-        ).fetchall()
-    }
+    resumed, and the budget's charges: one per completed draft. An erased run's events are
+    counted as they were read just before its erasure (``before_erasure``): its history's
+    details are redacted since."""
+    events = Counter(before_erasure)
+    for r in conn.execute(_FLOW_EVENTS, {"org": org, "run": None, "skip": erased}).fetchall():
+        events[r["what"]] += r["n"]
     report.circuits_opened = events.get("circuit_opened:closed", 0)
     report.circuits_reopened = events.get("circuit_opened:half_open", 0)
     report.circuit_probes = events.get("circuit_half_open", 0)
@@ -1539,6 +1553,7 @@ class _Chaos:
         self.operation_id: str | None = None
         # the erasures (R14): contact -> the answer (None: asked, no answer yet)
         self.erasing: dict[str, dict[str, Any] | None] = {}
+        self.before_erasure: Counter[str] = Counter()  # flow events of runs about to be erased
         self.erase_contacts = {
             scenario.payload(i)["contact"]: i for i in range(runs) if scenario.erase_plan(i)
         }
@@ -1972,7 +1987,8 @@ class _Chaos:
         if row["finished"]:
             quiet = not self.people.busy(row["run_id"])
             return "finished" if quiet and row["finished_s"] >= 1.0 else None
-        if row["step_id"] in scenario.EARLY_STEPS:
+        if row["step_id"] in scenario.EARLY_STEPS and row["step_status"] != "parked":
+            # (not while parked on the budget or a circuit: that story ends in its resume)
             return "early_in_flight" if row["step_status"] == "running" else "early"
         return None
 
@@ -2028,10 +2044,17 @@ class _Chaos:
             planned = scenario.erase_plan(self.erase_contacts[r["contact_id"]])
             if armed is None and moment != "finished" and planned != "early":
                 continue  # its contact is erased once its run has finished
-            self._erase_call(r["contact_id"])
+            self._erase_call(r["contact_id"], r["run_id"])
             return
 
-    def _erase_call(self, contact: str) -> None:
+    def _erase_call(self, contact: str, run_id: str | None = None) -> None:
+        if run_id is not None and contact not in self.erasing:
+            # its flow-control events, before erasure redacts their details
+            with contextlib.suppress(psycopg.Error, AttributeError):
+                for e in self.monitor.execute(  # type: ignore[union-attr]
+                    _FLOW_EVENTS, {"org": self.settings.org_id, "run": run_id, "skip": []}
+                ).fetchall():
+                    self.before_erasure[e["what"]] += e["n"]
         self.erasing.setdefault(contact, None)
         self.report.erasure_requests += 1
         try:
@@ -2837,7 +2860,7 @@ def run_chaos(
             chaos.stop_all()
             _clean_redis(chaos_settings)
         chaos.people.fill(report)
-        lost, expected = _db_figures(url, chaos_settings.org_id, report)
+        lost, expected = _db_figures(url, chaos_settings.org_id, report, chaos.before_erasure)
         report.lost = len(lost) + max(0, runs - report.started)
         report.lost_runs = sorted(lost)[:20]
         ledger = sandbox.admin.ledger()
