@@ -326,7 +326,11 @@ class Report:
     budget_per_day: float = 0.0  # the budget at the end
     budget_charged: float = 0.0  # today's charges under it
     budget_charges: int = 0  # effect keys charged
-    budget_reservations_left: int = 0  # reservation rows at the end (live or lapsed)
+    budget_reservations_left: int = 0  # reservation rows at the end (live, or not cancelled)
+    # lapsed reservations of cancelled runs: a draft killed after reserving, its run then
+    # cancelled (the retry that would charge or release it never runs); they no longer count
+    # and go with their run (retention)
+    budget_reservations_cancelled: int = 0
     budget_missing_charges: int = 0  # completed runs' drafts with no charge: must be 0
     # cancellation (R12): the runner cancels some runs through the API
     cancels: dict[str, int] = field(default_factory=dict)  # the API's outcome -> runs
@@ -482,7 +486,8 @@ class Report:
             f"budget ({scenario.BUDGET_UNIT}/day)          drafts parked {self.budget_parks}, "
             f"resumed {self.budget_resumed}; raised {self.budget_raises} times to "
             f"{self.budget_per_day:.0f}; charged {self.budget_charged:.0f} for "
-            f"{self.budget_charges} calls; reservations left {self.budget_reservations_left}; "
+            f"{self.budget_charges} calls; reservations left {self.budget_reservations_left} "
+            f"(lapsed, of cancelled runs {self.budget_reservations_cancelled}); "
             f"completed drafts not charged {self.budget_missing_charges}",
             f"scheduled firings            {self.scheduled_firings}   (every "
             f"{scenario.CLOCK_EVERY_S} s: {self.scheduled_gaps} missing, "
@@ -1096,7 +1101,14 @@ def _flow_figures(
                    WHERE c.org_id = b.org_id AND c.scope = b.scope AND c.unit = b.unit)
                       AS charges,
                   (SELECT count(*) FROM budget_reservations r
-                   WHERE r.org_id = b.org_id AND r.scope = b.scope AND r.unit = b.unit) AS left
+                   WHERE r.org_id = b.org_id AND r.scope = b.scope AND r.unit = b.unit
+                     AND (r.lease_until > now() OR NOT EXISTS (
+                         SELECT 1 FROM runs x
+                         WHERE x.org_id = r.org_id AND x.status = 'cancelled'
+                           AND x.run_id = split_part(r.effect_key, '/', 1)))) AS left,
+                  (SELECT count(*) FROM budget_reservations r
+                   WHERE r.org_id = b.org_id AND r.scope = b.scope AND r.unit = b.unit)
+                      AS rows
            FROM budgets b WHERE b.org_id = %s AND b.scope = %s AND b.unit = %s""",
         (org, scenario.AUTOMATION, scenario.BUDGET_UNIT),
     ).fetchone()
@@ -1105,6 +1117,7 @@ def _flow_figures(
         report.budget_charged = float(budget["charged"])
         report.budget_charges = int(budget["charges"])
         report.budget_reservations_left = int(budget["left"])
+        report.budget_reservations_cancelled = int(budget["rows"]) - int(budget["left"])
     report.budget_missing_charges = conn.execute(
         """SELECT count(*) AS n FROM steps st
            JOIN runs r ON r.org_id = st.org_id AND r.run_id = st.run_id
