@@ -102,7 +102,9 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     assert report.bursts > 0 and report.circuits_opened > 0 and report.circuits_closed > 0
     assert report.circuit_probes > 0 and report.circuit_parks > 0 and report.circuit_resumed > 0
     assert report.budget_parks > 0 and report.budget_raises > 0 and report.budget_resumed > 0
-    assert report.budget_charges == report.ledger["model"] - report.model_repeats
+    assert report.budget_charges == (
+        report.ledger["model"] - report.model_repeats - report.model_uncharged_cancelled
+    )
     assert report.budget_missing_charges == 0 and report.budget_reservations_left == 0
     # the fence and the lease held, with the sweeper's clock skewed
     assert report.leases_taken_early == 0

@@ -257,6 +257,10 @@ class Report:
     duplicates: dict[str, int] = field(default_factory=dict)  # idempotent providers
     payment_duplicates: int = 0
     model_repeats: int = 0
+    # drafts the model did for a run then cancelled (by the runner or an erasure) whose step
+    # never settled: a process killed after the call, the run cancelled before a retry; the
+    # model can neither reconcile nor repeat, so the cost stays unknown and is not charged
+    model_uncharged_cancelled: int = 0
     crm_repeat_upserts: int = 0
     missing_effects: int = 0
     ledger: dict[str, int] = field(default_factory=dict)
@@ -444,7 +448,8 @@ class Report:
             + " (idempotent providers: must be 0)",
             f"                             payment {self.payment_duplicates} "
             "(no idempotency: uncertain charges park instead)",
-            f"repeated calls (harmless)    model generations {self.model_repeats}, "
+            f"repeated calls (harmless)    model generations {self.model_repeats} (uncharged, "
+            f"of cancelled runs {self.model_uncharged_cancelled}), "
             f"CRM upserts {self.crm_repeat_upserts}",
             f"completed runs missing work  {self.missing_effects}",
             f"approvals                    {self.approval_requests} requests; decisions: "
@@ -767,6 +772,20 @@ def _cancel_figures(
     must belong to an effect attempt claimed before the cancel (the call then in flight)."""
     report.cancels = dict(Counter(outcome for outcome, _ in cancels.values()))
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        uncharged = {
+            r["key"]
+            for r in conn.execute(
+                """SELECT r.run_id || '/draft/1' AS key FROM runs r
+                   WHERE r.org_id = %s AND r.status = 'cancelled'
+                     AND NOT EXISTS (SELECT 1 FROM budget_charges c
+                                     WHERE c.org_id = r.org_id
+                                       AND c.effect_key = r.run_id || '/draft/1')""",
+                (org,),
+            ).fetchall()
+        }
+        report.model_uncharged_cancelled = len(
+            {e.get("idempotency_key") for e in entries if e["provider"] == "model"} & uncharged
+        )
         report.cancelled = conn.execute(  # the runner's cancels (erasures cancel too)
             "SELECT count(*) AS n FROM runs WHERE org_id = %s AND status = 'cancelled'"
             " AND erased_at IS NULL",
@@ -2082,6 +2101,9 @@ class _Chaos:
         if reply.status_code in (200, 202):
             self.erasing[contact] = reply.json()
             self.report.erasures[contact] = self.erasing[contact]["status"]  # type: ignore[index]
+            return
+        if reply.status_code == 503:  # the database could not be reached (a terminated
+            self.report.erasures_lost += 1  # connection): asked again
             return
         self.report.erasure_errors.append(
             f"erase {contact}: {reply.status_code} {reply.text}"[:300]
