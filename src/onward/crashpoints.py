@@ -62,6 +62,19 @@ def arm(spec: str) -> None:
     _SEEN.clear()
 
 
+def arm_also(spec: str) -> None:
+    """Arm more points in this running process, keeping those already armed and their counts
+    (``onward chaos`` arms every relay process at once, through its standby's stdin)."""
+    for name, nth in _parse(spec).items():
+        _ARMED[name] = _SEEN.get(name, 0) + nth
+
+
+def disarm(*names: str) -> None:
+    """Disarm points in this running process (the others stay armed)."""
+    for name in names:
+        _ARMED.pop(name, None)
+
+
 def crash_point(name: str) -> None:
     if not _ARMED or name not in _ARMED:
         return

@@ -7,12 +7,18 @@ fast -- while people click Approve in Slack (two approvers at once, Slack retrie
 and answer the emails (every reply delivered twice; early, late, or never) -- and while the CRM
 fails in bursts that open, probe and close its circuit, and drafts park on a budget in tokens
 until the runner raises it, and while the runner cancels some runs through the API (waiting,
-and with a step in flight). It fails if any figure is wrong: a run lost or unfinished, a
+and with a step in flight), publishes version 2 and migrates the runs of version 1 to it (its
+driver killed inside a batch, then resumed), erases a few contacts through the API (killed
+after the record and after a run's erasure, asked again), and breaks the mailbox's connection
+for a moment (its notification delivered to a receiver that fails twice, by a relay killed
+after the receiver's 2xx). It fails if any figure is wrong: a run lost or unfinished, a
 transition, a decision or a signal applied twice, a step not following its decision or its
 signal, a duplicate effect at any provider, a completed run without its provider work or a
-draft without its charge, a run left parked on a circuit or a budget, a process dying in a
-way nobody planned, a lease taken before it lapsed, or a crash point never reached -- the
-circuits' and the budget's included."""
+draft without its charge, a run left parked on a circuit or a budget, a run on two versions
+or migrated twice, an erased contact's identifier left in any column, a notification not
+received exactly once (distinct) or without ``delivered_at``, a process dying in a way nobody
+planned, a lease taken before it lapsed, or a crash point never reached -- the circuits', the
+budget's, the migration's, the erasure's and the notification relay's included."""
 
 from __future__ import annotations
 
@@ -20,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from onward.chaos import run_chaos
-from onward.chaos.runner import CIRCUIT_POINTS, LEADER_POINTS, UNREACHABLE
-from onward.chaos.scenario import cancel_plan, charges
+from onward.chaos import run_chaos, scenario
+from onward.chaos.runner import CIRCUIT_POINTS, LEADER_POINTS, RARE_POINTS, UNREACHABLE
+from onward.chaos.scenario import cancel_plan, charges, erase_plan
 from onward.config import Settings
 from onward.crashpoints import POINTS
 
@@ -55,7 +61,11 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     # every run finished or waits for a person; none failed, none is stuck
     assert report.lost == 0 and report.unfinished == 0 and report.no_way_forward == 0
     assert report.failed == 0 and report.parked_other == 0
-    assert report.completed + report.parked_for_review + report.cancelled == RUNS
+    erased = {scenario.payload(i)["contact"] for i in range(RUNS) if erase_plan(i)}
+    assert (
+        report.completed + report.parked_for_review + report.cancelled + report.erased_cancelled
+        == RUNS
+    )
     # cancelled through the API while waiting and with a step in flight: each run ended
     # cancelled, and no provider call began after its cancel committed (except in flight)
     assert report.cancelled == len([i for i in range(RUNS) if cancel_plan(i)])
@@ -92,7 +102,9 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     assert report.bursts > 0 and report.circuits_opened > 0 and report.circuits_closed > 0
     assert report.circuit_probes > 0 and report.circuit_parks > 0 and report.circuit_resumed > 0
     assert report.budget_parks > 0 and report.budget_raises > 0 and report.budget_resumed > 0
-    assert report.budget_charges == report.ledger["model"] - report.model_repeats
+    assert report.budget_charges == (
+        report.ledger["model"] - report.model_repeats - report.model_uncharged_cancelled
+    )
     assert report.budget_missing_charges == 0 and report.budget_reservations_left == 0
     # the fence and the lease held, with the sweeper's clock skewed
     assert report.leases_taken_early == 0
@@ -108,6 +120,28 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     assert report.external_kills >= 2
     assert report.pauses >= 1  # a worker SIGSTOPped past its lease, then woken: fenced
     assert report.db_connections_terminated > 0
+    # the migration: version 2 published mid-run, version 1's unfinished runs moved in
+    # batches by a driver killed inside one, then resumed; each run on one version, moved once
+    assert report.migration_status == "done" and report.migration_drivers >= 2
+    assert report.runs_migrated > 0 and report.runs_by_version.get(2, 0) > 0
+    assert sum(report.runs_by_version.values()) == RUNS
+    assert report.migrated_twice == 0 and report.runs_on_two_versions == 0
+    assert report.migration_errors == []
+    # the erasures: every planned contact erased (asked again after the API died with it),
+    # each of its runs erased, and none of its identifiers left in any column
+    assert set(report.erasures) == erased and report.erasures_lost > 0
+    assert report.erased_runs == len(erased) and report.erased_runs_not_erased == 0
+    assert report.erasures_pending == 0 and report.erasure_errors == []
+    assert report.erasure_leaks == {}
+    # the outage: its notification received once (distinct) though the receiver failed
+    # twice and a relay died after its 2xx (sent again, a repeat), and delivered_at written
+    assert report.outages >= 1 and report.notifications == report.outages
+    assert report.notifications_undelivered == 0 and report.hook_bad_signatures == 0
+    assert report.hook_distinct == report.notifications
+    assert report.hook_missing == 0 and report.hook_unknown == 0
+    assert report.hook_failed == scenario.HOOK_FAILS and report.hook_repeats >= 1
+    assert {p: report.kills.get(p, 0) > 0 for p in RARE_POINTS} == dict.fromkeys(RARE_POINTS, True)
+    assert UNREACHABLE == {}
     # the invariant queries agree
     doctor = {c["name"]: c for c in report.doctor}
     assert doctor["runs_without_way_forward"]["value"] == 0

@@ -31,6 +31,24 @@ budget whenever drafts are parked on it (every draft reserves its maximum cost f
 (``scenario.BUDGET_LEASE_S``), so a kill's reservation stops counting soon. A run parked on a
 circuit or a budget is in flight, not finished.
 
+A run's whole life (R11, R12, R14, R15), through the same processes:
+
+* cancels: some runs are cancelled through the API while they wait and with a step in flight
+  (``scenario.cancel_plan``);
+* migration: once ``MIGRATE_AT`` of the schedule is done, version 2 is published and version
+  1's unfinished runs migrated by ``onward runs migrate --batch 3`` (a process of its own,
+  killed at ``migrate.in_batch``), continued by ``onward operations resume`` after each kill;
+* erasures: one contact in ten (``scenario.erase_plan``) is erased through the API (``POST
+  /v1/contacts/{id}/erase``) in its run's first steps or once it finished -- while kills at
+  ``erasure.after_record`` / ``erasure.after_run`` are still to come, mostly when the API is
+  armed at one -- and asked again when the answer is lost; a pending erasure (a step was in
+  flight) is finished by the elected sweeper;
+* an outage: every relay process is armed at ``notify.after_send`` (a line on its stdin), the
+  mailbox's provider refuses (401) until a send marks the connection broken (the notification
+  written; runs park on it) and a moment more, then the runner restores it (``POST
+  /v1/connections/mailbox/restore``); the receiver fails the first attempts, the relay that gets
+  its 2xx dies, the others are disarmed, and another sends it again with the same id.
+
 The people (a thread of the runner, :class:`_People`) act through the sandbox as the scenario
 says (``scenario.decision``, ``scenario.reply``): they click in every approval message once it is
 posted (two approvers at once on some runs, Slack retries and byte-for-byte replays on others),
@@ -66,10 +84,14 @@ late, applied twice; any consumed signal its step did not take), scheduled firin
 per instant, none missing between the first and the last, repeats acknowledged as
 duplicates), flow control (circuits opened, probed and closed, steps parked on circuits and
 on the budget and resumed, the budget's raises and charges), kills per point, unexpected exits,
-the doctor (R16). ``ok`` iff nothing was lost, every run finished or parked for review (none
+the migration (runs per version, migrated, twice, on two versions), the erasures (runs
+erased, identifiers left in any text/jsonb/text[] column), the notifications (written,
+delivered, received once per id, repeats), the doctor (R16). ``ok`` iff nothing was lost, every run finished or parked for review (none
 left parked on a circuit or a budget), nothing applied twice (transitions, decisions,
 signals), no decision or signal went astray, no idempotent provider did work twice, no
-scheduled firing went without its run and no completed draft went uncharged.
+scheduled firing went without its run, no completed draft went uncharged, the migration
+finished with every run on one version, moved at most once, the erasures finished leaving no
+identifier behind, and every notification was received and marked delivered.
 """
 
 from __future__ import annotations
@@ -99,6 +121,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 from onward import budgets
@@ -110,6 +133,7 @@ from onward.config import Settings
 from onward.crashpoints import POINTS
 from onward.db import make_pool, resolve_url
 from onward.engine import TERMINAL, Engine
+from onward.notify import new_secret, webhook_id
 from onward.sandbox import SandboxServer
 from onward.sandbox.admin import SandboxAdmin
 from onward.testing.databases import with_query
@@ -137,12 +161,20 @@ LEADER_POINTS = (
 # Reached in the API process: a decision's transaction, a delivered reply consumed at once.
 # (``signal.after_claim`` is also reached by a worker's settle when a reply came before the
 # wait: the early replies; those kills come from the API's turn at it.)
-API_POINTS = ("approval.after_decide", "signal.after_claim")
-UNREACHABLE: dict[str, str] = {
-    # the scenario breaks no connection, so it writes no notification to deliver; the kill is
-    # tests/acceptance/test_notify_crash.py's
-    "notify.after_send": "no notification: the scenario breaks no connection",
-}
+# The erasures go through the API too (``POST /v1/contacts/{id}/erase``).
+ERASURE_POINTS = ("erasure.after_record", "erasure.after_run")
+API_POINTS = ("approval.after_decide", "signal.after_claim", *ERASURE_POINTS)
+# Reached by the processes driving the migration: ``onward runs migrate`` (batches of
+# MIGRATE_BATCH runs), then ``onward operations resume`` after each kill (role "migrator").
+MIGRATE_POINT = "migrate.in_batch"
+MIGRATOR_POINTS = (MIGRATE_POINT,)
+# Reached by whichever relay process (a worker or the leader) delivers the notification of the
+# broken connection: armed in all of them at once, through their stdin, before the break.
+NOTIFY_POINT = "notify.after_send"
+# Points the scenario reaches a few times per run, when the runner makes them happen: always
+# armed at their first hit, never chosen as random points.
+RARE_POINTS = (*ERASURE_POINTS, MIGRATE_POINT, NOTIFY_POINT)
+UNREACHABLE: dict[str, str] = {}
 SHUTDOWN_POINT = "shutdown.before_release"
 # Reached only while a circuit opens, half-opens or closes: the CRM fails in bursts while a
 # process is armed at one of them.
@@ -152,6 +184,14 @@ SHARED_POINTS = ("circuit.after_open", "circuit.before_close")
 BURST_EVERY_S = 4.0  # at most one burst this often while a process is armed at one
 BUDGET_RAISE_EVERY_S = 1.0  # at most one raise of the budget this often
 ERROR_POINT = "worker.before_settle_error"
+# The migration: version 2 published once this much of the kill schedule is done, if at least
+# MIGRATE_MIN runs of version 1 are unfinished; moved in batches of MIGRATE_BATCH.
+MIGRATE_AT, MIGRATE_MIN, MIGRATE_BATCH = 0.25, 4, 3
+# The broken connection: one outage per notify kill, at these fractions of the schedule; the
+# provider refuses for BREAK_HOLD_S once the connection is marked broken (runs park on it), or
+# the runner probes the connection if no send meets the refusal within BREAK_PROBE_S.
+BREAK_AT = (0.4, 0.6, 0.75, 0.85, 0.9)
+BREAK_HOLD_S, BREAK_PROBE_S = 1.5, 15.0
 CLOCK_SKEW = "+300"  # the leader's clock runs five minutes fast
 
 CHAOS_TIMINGS = {
@@ -217,6 +257,10 @@ class Report:
     duplicates: dict[str, int] = field(default_factory=dict)  # idempotent providers
     payment_duplicates: int = 0
     model_repeats: int = 0
+    # drafts the model did for a run then cancelled (by the runner or an erasure) whose step
+    # never settled: a process killed after the call, the run cancelled before a retry; the
+    # model can neither reconcile nor repeat, so the cost stays unknown and is not charged
+    model_uncharged_cancelled: int = 0
     crm_repeat_upserts: int = 0
     missing_effects: int = 0
     ledger: dict[str, int] = field(default_factory=dict)
@@ -286,7 +330,11 @@ class Report:
     budget_per_day: float = 0.0  # the budget at the end
     budget_charged: float = 0.0  # today's charges under it
     budget_charges: int = 0  # effect keys charged
-    budget_reservations_left: int = 0  # reservation rows at the end (live or lapsed)
+    budget_reservations_left: int = 0  # reservation rows at the end (live, or not cancelled)
+    # lapsed reservations of cancelled runs: a draft killed after reserving, its run then
+    # cancelled (the retry that would charge or release it never runs); they no longer count
+    # and go with their run (retention)
+    budget_reservations_cancelled: int = 0
     budget_missing_charges: int = 0  # completed runs' drafts with no charge: must be 0
     # cancellation (R12): the runner cancels some runs through the API
     cancels: dict[str, int] = field(default_factory=dict)  # the API's outcome -> runs
@@ -295,6 +343,45 @@ class Report:
     calls_after_cancel: int = 0  # provider work begun after the cancel committed: must be 0
     calls_in_flight_at_cancel: int = 0  # done after the answer, claimed before the cancel
     cancel_violations: list[str] = field(default_factory=list)
+    # migration (R11): version 2 published mid-run, the runs of version 1 moved to it
+    migration_published_at: int = 0  # runs started when version 2 was published
+    migration_v1_unfinished: int = 0  # version 1's unfinished runs then
+    migration_status: str = "not started"  # the operation's status at the end
+    migration_passes: int = 0
+    migration_outcomes: dict[str, int] = field(default_factory=dict)  # the operation's, by kind
+    migration_drivers: int = 0  # processes that drove it (migrate, then resume after kills)
+    runs_by_version: dict[int, int] = field(default_factory=dict)
+    runs_migrated: int = 0  # runs with a run_migrated row
+    migrated_twice: int = 0  # runs with more than one run_migrated row: must be 0
+    runs_on_two_versions: int = 0  # a step not on its run's version (by migration): must be 0
+    migration_errors: list[str] = field(default_factory=list)
+    # erasure (R14): some contacts erased through the API while their runs flow
+    erasures: dict[str, str] = field(default_factory=dict)  # contact -> the answer's status
+    erasure_requests: int = 0  # erase calls the runner made (again after a lost answer)
+    erasures_lost: int = 0  # calls with no answer (the API killed): asked again
+    erased_runs: int = 0  # runs with erased_at
+    erased_cancelled: int = 0  # ... cancelled by their erasure
+    erased_after_finishing: int = 0  # ... finished before their erasure
+    erasures_pending: int = 0  # erasures rows not done at the end: must be 0
+    erased_runs_not_erased: int = 0  # runs of an erased contact without erased_at: must be 0
+    erasure_leaks: dict[str, int] = field(default_factory=dict)  # "table.column" -> rows
+    erasure_errors: list[str] = field(default_factory=list)
+    starts_refused_erased: int = 0  # redeliveries refused: the contact was erased meanwhile
+    # notifications (R15): a connection broken and restored; its notification delivered
+    outages: int = 0  # times the runner broke the connection (and restored it)
+    outages_probed: int = 0  # ... marked broken by the runner's probe (no send met the 401)
+    reconnect_parks: int = 0  # steps parked on the broken connection
+    reconnect_resumed: int = 0  # ... resumed by the restore
+    reconnect_resumed_by_operator: int = 0  # parked after the restore committed: resumed by hand
+    notifications: int = 0
+    notifications_undelivered: int = 0  # delivered_at not written: must be 0
+    hook_attempts: int = 0  # requests the receiver got (503s and repeats included)
+    hook_failed: int = 0  # ... answered 503
+    hook_repeats: int = 0  # ... answered as a duplicate (a relay killed after the 2xx)
+    hook_distinct: int = 0  # notifications the receiver holds (once per id)
+    hook_missing: int = 0  # notifications the receiver never got: must be 0
+    hook_unknown: int = 0  # received but no such notification: must be 0
+    hook_bad_signatures: int = 0  # must be 0
     doctor: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
     time_limit_s: float = 0.0
@@ -361,7 +448,8 @@ class Report:
             + " (idempotent providers: must be 0)",
             f"                             payment {self.payment_duplicates} "
             "(no idempotency: uncertain charges park instead)",
-            f"repeated calls (harmless)    model generations {self.model_repeats}, "
+            f"repeated calls (harmless)    model generations {self.model_repeats} (uncharged, "
+            f"of cancelled runs {self.model_uncharged_cancelled}), "
             f"CRM upserts {self.crm_repeat_upserts}",
             f"completed runs missing work  {self.missing_effects}",
             f"approvals                    {self.approval_requests} requests; decisions: "
@@ -403,11 +491,40 @@ class Report:
             f"budget ({scenario.BUDGET_UNIT}/day)          drafts parked {self.budget_parks}, "
             f"resumed {self.budget_resumed}; raised {self.budget_raises} times to "
             f"{self.budget_per_day:.0f}; charged {self.budget_charged:.0f} for "
-            f"{self.budget_charges} calls; reservations left {self.budget_reservations_left}; "
+            f"{self.budget_charges} calls; reservations left {self.budget_reservations_left} "
+            f"(lapsed, of cancelled runs {self.budget_reservations_cancelled}); "
             f"completed drafts not charged {self.budget_missing_charges}",
             f"scheduled firings            {self.scheduled_firings}   (every "
             f"{scenario.CLOCK_EVERY_S} s: {self.scheduled_gaps} missing, "
             f"{self.scheduled_repeats} repeated after a kill as duplicates)",
+            f"migration v1 -> v2          {self.migration_status}: published after "
+            f"{self.migration_published_at} runs started, {self.migration_v1_unfinished} of "
+            f"v1 unfinished; {self.migration_passes} passes, "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.migration_outcomes.items())) or "-")
+            + f"; {self.migration_drivers} driver processes (migrate, then resume after each "
+            "kill)",
+            "                             runs on "
+            + (", ".join(f"v{v} {n}" for v, n in sorted(self.runs_by_version.items())) or "-")
+            + f"; {self.runs_migrated} migrated, twice {self.migrated_twice}, on two versions "
+            f"{self.runs_on_two_versions}",
+            f"erasures                     {len(self.erasures)} contacts ("
+            + (", ".join(f"{k} {v}" for k, v in sorted(Counter(self.erasures.values()).items())))
+            + f"), {self.erasure_requests} requests ({self.erasures_lost} lost, asked again); "
+            f"{self.erased_runs} runs erased (cancelled by it {self.erased_cancelled}, finished "
+            f"before {self.erased_after_finishing}); pending at the end {self.erasures_pending}; "
+            f"runs left unerased {self.erased_runs_not_erased}; identifiers left in "
+            f"{sum(self.erasure_leaks.values())} rows"
+            + (f" {self.erasure_leaks}" if self.erasure_leaks else "")
+            + f"; starts refused as erased {self.starts_refused_erased}",
+            f"notifications                {self.notifications} written ({self.outages} "
+            f"outages of {scenario.BREAK_CONNECTION}, {self.outages_probed} found by a probe; "
+            f"{self.reconnect_parks} steps parked on it, resumed by the restore "
+            f"{self.reconnect_resumed}, by an operator {self.reconnect_resumed_by_operator}); "
+            f"undelivered {self.notifications_undelivered}",
+            f"                             receiver: {self.hook_attempts} attempts "
+            f"({self.hook_failed} failed, {self.hook_repeats} repeats), {self.hook_distinct} "
+            f"distinct; missing {self.hook_missing}, unknown {self.hook_unknown}, bad "
+            f"signatures {self.hook_bad_signatures}",
             "ledger                       "
             + ", ".join(f"{p} {n}" for p, n in sorted(self.ledger.items())),
             f"leases taken before lapsing  {self.leases_taken_early}"
@@ -488,6 +605,27 @@ class Report:
             out.append(f"{self.budget_missing_charges} completed drafts never charged")
         if self.cancels_not_honoured:
             out.append(f"{self.cancels_not_honoured} cancelled runs not ended cancelled")
+        if self.migration_status not in ("done", "not started"):
+            out.append(f"the migration is {self.migration_status}")
+        if self.migrated_twice or self.runs_on_two_versions or self.migration_errors:
+            out.append(
+                f"{self.migrated_twice} runs migrated twice, {self.runs_on_two_versions} on two "
+                f"versions" + "".join(f"; {e}" for e in self.migration_errors[:3])
+            )
+        if self.erasures_pending or self.erased_runs_not_erased or self.erasure_errors:
+            out.append(
+                f"{self.erasures_pending} erasures pending, {self.erased_runs_not_erased} runs of"
+                " an erased contact not erased" + "".join(f"; {e}" for e in self.erasure_errors[:3])
+            )
+        if self.erasure_leaks:
+            out.append(f"an erased contact's identifiers left in {self.erasure_leaks}")
+        if self.notifications_undelivered or self.hook_missing or self.hook_unknown:
+            out.append(
+                f"{self.notifications_undelivered} notifications undelivered, "
+                f"{self.hook_missing} never received, {self.hook_unknown} received unknown"
+            )
+        if self.hook_bad_signatures:
+            out.append(f"{self.hook_bad_signatures} notification signatures did not hold")
         if self.calls_after_cancel:
             out.append(
                 f"{self.calls_after_cancel} provider calls begun after a cancel: "
@@ -499,7 +637,9 @@ class Report:
 # -- the figures, from the rows and the ledger ----------------------------------------------------
 
 
-def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tuple[str, str]]]:
+def _db_figures(
+    url: str, org: str, report: Report, before_erasure: Counter[str]
+) -> tuple[set[str], list[tuple[str, str]]]:
     """Fill the run figures; returns the run ids that count as lost and the provider work the
     completed runs say they did (provider, idempotency key)."""
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
@@ -549,11 +689,19 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tupl
             " AND provider = 'payment'",
             (org,),
         ).fetchone()["n"]  # type: ignore[index]
-        report.doubles = double_transitions(conn, org=org)
+        # erased runs (R14) keep a skeleton of their history, every detail redacted: the checks
+        # that read details leave them out (their erasure is checked by _erasure_figures)
+        erased = [
+            r["run_id"]
+            for r in conn.execute(
+                "SELECT run_id FROM runs WHERE org_id = %s AND erased_at IS NOT NULL", (org,)
+            ).fetchall()
+        ]
+        report.doubles = double_transitions(conn, org=org, skip=erased)
         if "settled_by_a_stale_attempt" in report.doubles:
             # the shared check counts a park (circuit, budget) followed by its resume's claim;
             # only a settle written after a later attempt's claim is one
-            stale = conn.execute(_STALE_SETTLES, {"org": org}).fetchone()["n"]  # type: ignore[index]
+            stale = conn.execute(_STALE_SETTLES, {"org": org, "skip": erased}).fetchone()["n"]  # type: ignore[index]
             if stale:
                 report.doubles["settled_by_a_stale_attempt"] = stale
             else:
@@ -562,15 +710,15 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tupl
         report.double_transitions = sum(n for k, n in report.doubles.items() if k not in people)
         report.double_decisions = sum(report.doubles.get(k, 0) for k in DECISION_CHECKS)
         report.double_consumed = sum(report.doubles.get(k, 0) for k in SIGNAL_CHECKS)
-        _people_figures(conn, org, report)
-        _flow_figures(conn, org, report)
+        _people_figures(conn, org, report, erased)
+        _flow_figures(conn, org, report, erased, before_erasure)
         _clock_figures(conn, report)
         report.leases_taken_early = conn.execute(
             "SELECT count(*) AS n FROM history WHERE org_id = %s AND event = 'lease_expired'"
             " AND (detail->>'lease_until')::timestamptz > at",
             (org,),
         ).fetchone()["n"]  # type: ignore[index]
-        expected = _expected_work(conn, org)
+        expected = _expected_work(conn, org, erased)
     return unfinished | stuck, expected
 
 
@@ -579,6 +727,7 @@ def _db_figures(url: str, org: str, report: Report) -> tuple[set[str], list[tupl
 _STALE_SETTLES = """
 SELECT count(*) AS n FROM history d
 WHERE d.org_id = %(org)s AND d.event IN ('step_done', 'step_failed', 'step_parked', 'step_cancelled')
+  AND d.run_id <> ALL(%(skip)s::text[])
   AND EXISTS (SELECT 1 FROM history c
               WHERE c.org_id = d.org_id AND c.run_id = d.run_id AND c.seq = d.seq
                 AND c.event = 'step_claimed' AND c.attempt > d.attempt
@@ -586,15 +735,18 @@ WHERE d.org_id = %(org)s AND d.event IN ('step_done', 'step_failed', 'step_parke
 """
 
 
-def _expected_work(conn: psycopg.Connection[dict[str, Any]], org: str) -> list[tuple[str, str]]:
+def _expected_work(
+    conn: psycopg.Connection[dict[str, Any]], org: str, erased: list[str]
+) -> list[tuple[str, str]]:
     """The provider work every completed run's done steps stand for: (provider, key). The
-    approval's Slack post is keyed by its approval id; a send skipped for consent did none."""
+    approval's Slack post is keyed by its approval id; a send skipped for consent did none.
+    Not of erased runs: their steps' outputs are redacted."""
     rows = conn.execute(
         """SELECT st.run_id, st.step_id, st.output FROM steps st
            JOIN runs r ON r.org_id = st.org_id AND r.run_id = st.run_id
            WHERE r.org_id = %s AND r.status = 'completed' AND st.status = 'done'
-             AND st.step_id = ANY(%s)""",
-        (org, [*scenario.EFFECT_STEPS, "approve"]),
+             AND st.step_id = ANY(%s) AND r.run_id <> ALL(%s)""",
+        (org, [*scenario.EFFECT_STEPS, "approve"], erased),
     ).fetchall()
     expected: list[tuple[str, str]] = []
     for r in rows:
@@ -620,8 +772,24 @@ def _cancel_figures(
     must belong to an effect attempt claimed before the cancel (the call then in flight)."""
     report.cancels = dict(Counter(outcome for outcome, _ in cancels.values()))
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        report.cancelled = conn.execute(
-            "SELECT count(*) AS n FROM runs WHERE org_id = %s AND status = 'cancelled'", (org,)
+        uncharged = {
+            r["key"]
+            for r in conn.execute(
+                """SELECT r.run_id || '/draft/1' AS key FROM runs r
+                   WHERE r.org_id = %s AND r.status = 'cancelled'
+                     AND NOT EXISTS (SELECT 1 FROM budget_charges c
+                                     WHERE c.org_id = r.org_id
+                                       AND c.effect_key = r.run_id || '/draft/1')""",
+                (org,),
+            ).fetchall()
+        }
+        report.model_uncharged_cancelled = len(
+            {e.get("idempotency_key") for e in entries if e["provider"] == "model"} & uncharged
+        )
+        report.cancelled = conn.execute(  # the runner's cancels (erasures cancel too)
+            "SELECT count(*) AS n FROM runs WHERE org_id = %s AND status = 'cancelled'"
+            " AND erased_at IS NULL",
+            (org,),
         ).fetchone()["n"]  # type: ignore[index]
         runs = {
             r["run_id"]: r
@@ -663,11 +831,178 @@ def _cancel_figures(
             )
 
 
-def _people_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: Report) -> None:
-    """The decisions and the replies, and whether every step followed what people said."""
+def _migration_figures(url: str, org: str, operation_id: str | None, report: Report) -> None:
+    """The migration's operation, the runs on each version, and that every run is on one
+    version: at most one ``run_migrated`` row, a migrated run on version 2 with its moved step,
+    no step on a version other than its run's."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        args = {"org": org, "automation": scenario.AUTOMATION}
+        report.runs_by_version = {
+            r["version"]: r["n"]
+            for r in conn.execute(
+                "SELECT version, count(*) AS n FROM runs WHERE org_id = %(org)s"
+                " AND automation_id = %(automation)s GROUP BY version",
+                args,
+            ).fetchall()
+        }
+        if operation_id is not None:
+            op = conn.execute(
+                "SELECT status, pass, outcomes, error FROM operations"
+                " WHERE org_id = %s AND operation_id = %s",
+                (org, operation_id),
+            ).fetchone()
+            if op is not None:
+                report.migration_status = op["status"]
+                report.migration_passes = op["pass"]
+                report.migration_outcomes = dict(op["outcomes"] or {})
+                if op["error"]:
+                    report.migration_errors.append(str(op["error"]))
+        elif report.migration_drivers:
+            report.migration_status = "unfinished"
+        moved = conn.execute(_MIGRATED, args).fetchone()
+        assert moved is not None
+        report.runs_migrated = moved["migrated"]
+        report.migrated_twice = moved["twice"]
+        report.runs_on_two_versions = conn.execute(_TWO_VERSIONS, args).fetchone()["n"]  # type: ignore[index]
+
+
+# Runs with a run_migrated row, and with more than one.
+_MIGRATED = """
+SELECT count(*) AS migrated, count(*) FILTER (WHERE n > 1) AS twice FROM (
+    SELECT run_id, count(*) AS n FROM history
+    WHERE org_id = %(org)s AND event = 'run_migrated' GROUP BY run_id) m
+"""
+
+# Runs not on exactly one version: a step whose own version is not its run's (a move written
+# half), or a migrated run not on version 2 or whose moved step is not.
+_TWO_VERSIONS = """
+WITH m AS (
+    SELECT run_id, min(seq) AS seq FROM history
+    WHERE org_id = %(org)s AND event = 'run_migrated' GROUP BY run_id
+)
+SELECT count(*) AS n FROM runs r
+LEFT JOIN m ON m.run_id = r.run_id
+WHERE r.org_id = %(org)s AND r.automation_id = %(automation)s
+  AND (EXISTS (SELECT 1 FROM steps s
+               WHERE s.org_id = r.org_id AND s.run_id = r.run_id
+                 AND s.version IS NOT NULL AND s.version <> r.version)
+       OR (m.run_id IS NOT NULL
+           AND (r.version <> 2
+                OR NOT EXISTS (SELECT 1 FROM steps s
+                               WHERE s.org_id = r.org_id AND s.run_id = r.run_id
+                                 AND s.seq = m.seq AND s.version = 2))))
+"""
+
+
+def _erasure_figures(
+    url: str, org: str, answers: dict[str, dict[str, Any] | None], report: Report
+) -> None:
+    """The erased contacts: every erasure done, every run of theirs erased (those unfinished
+    when asked ended cancelled), and none of their identifiers left in any text, jsonb or
+    text[] column of any table."""
+    runs = {r["run_id"]: r for a in answers.values() if a for r in a.get("runs", [])}
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        counts = conn.execute(
+            "SELECT count(*) AS erased, count(*) FILTER (WHERE status = 'cancelled') AS cancelled"
+            " FROM runs WHERE org_id = %s AND erased_at IS NOT NULL",
+            (org,),
+        ).fetchone()
+        assert counts is not None
+        report.erased_runs = counts["erased"]
+        report.erased_cancelled = counts["cancelled"]
+        report.erased_after_finishing = counts["erased"] - counts["cancelled"]
+        report.erasures_pending = conn.execute(_ERASURES_PENDING, {"org": org}).fetchone()["n"]  # type: ignore[index]
+        rows = conn.execute(
+            "SELECT run_id, status, erased_at IS NOT NULL AS erased FROM runs"
+            " WHERE org_id = %s AND run_id = ANY(%s)",
+            (org, list(runs)),
+        ).fetchall()
+        report.erased_runs_not_erased = sum(1 for r in rows if not r["erased"])
+        for r in rows:
+            if runs[r["run_id"]].get("cancel") in ("cancelled", "cancel_requested") and (
+                r["status"] != "cancelled"
+            ):
+                report.erasure_errors.append(
+                    f"{r['run_id']}: cancelled by its erasure, {r['status']}"
+                )
+        needles = [
+            ident
+            for contact, answer in answers.items()
+            if answer is not None
+            for ident in scenario.identifiers(int(contact.rsplit("-", 1)[1]))
+        ]
+        report.erasure_leaks = columns_holding(conn, needles)
+
+
+def columns_holding(conn: psycopg.Connection[dict[str, Any]], needles: list[str]) -> dict[str, int]:
+    """``{"table.column": rows}`` for every text, varchar, jsonb/json and text[]/varchar[]
+    column of every table (from information_schema, not a list) holding one of ``needles`` in
+    any case, as a whole word (``contact-1`` is not found in ``contact-12``)."""
+    if not needles:
+        return {}
+    words = "|".join("".join(c if c.isalnum() else "\\" + c for c in n) for n in needles)
+    pattern = f"({words})\\M"
+    columns = conn.execute(
+        """SELECT c.table_name, c.column_name FROM information_schema.columns c
+           JOIN information_schema.tables t
+             ON t.table_schema = c.table_schema AND t.table_name = c.table_name
+           WHERE c.table_schema = 'public' AND t.table_type = 'BASE TABLE'
+             AND (c.data_type IN ('text', 'character varying', 'jsonb', 'json')
+                  OR (c.data_type = 'ARRAY' AND c.udt_name IN ('_text', '_varchar')))
+           ORDER BY 1, 2"""
+    ).fetchall()
+    found: dict[str, int] = {}
+    for col in columns:
+        query = pgsql.SQL("SELECT count(*) AS n FROM {t} WHERE {c}::text ~* %s").format(
+            t=pgsql.Identifier(col["table_name"]), c=pgsql.Identifier(col["column_name"])
+        )
+        row = conn.execute(query, (pattern,)).fetchone()
+        if row and row["n"]:
+            found[f"{col['table_name']}.{col['column_name']}"] = row["n"]
+    return found
+
+
+def _notify_figures(url: str, org: str, hooks: dict[str, Any], report: Report) -> None:
+    """Each notification written reached the receiver (once distinct, repeats allowed) with
+    a signature that holds, and has ``delivered_at``; the steps parked on the outage."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        notes = conn.execute(
+            "SELECT notification_id, delivered_at FROM notifications WHERE org_id = %s", (org,)
+        ).fetchall()
+        parks = conn.execute(
+            """SELECT count(*) FILTER (WHERE event = 'step_parked') AS parked,
+                      count(*) FILTER (WHERE event = 'step_resumed') AS resumed
+               FROM history WHERE org_id = %(org)s
+                 AND ((event = 'step_parked' AND detail ->> 'connection' = %(c)s)
+                      OR (event = 'step_resumed' AND detail ->> 'by' = 'reconnect'
+                          AND detail ->> 'connection_id' = %(c)s))""",
+            {"org": org, "c": scenario.BREAK_CONNECTION},
+        ).fetchone()
+    assert parks is not None
+    report.reconnect_parks, report.reconnect_resumed = parks["parked"], parks["resumed"]
+    report.notifications = len(notes)
+    report.notifications_undelivered = sum(1 for n in notes if n["delivered_at"] is None)
+    written = {webhook_id(n["notification_id"]) for n in notes}
+    received = {r["webhook_id"] for r in hooks.get("received", [])}
+    report.hook_missing = len(written - received)
+    report.hook_unknown = len(received - written)
+    report.hook_attempts = int(hooks.get("attempts", 0))
+    report.hook_distinct = int(hooks.get("distinct", 0))
+    log = hooks.get("log", [])
+    report.hook_failed = sum(1 for a in log if a.get("status") == 503)
+    report.hook_repeats = sum(1 for a in log if a.get("duplicate"))
+    report.hook_bad_signatures = sum(1 for a in log if a.get("signature_ok") is False)
+
+
+def _people_figures(
+    conn: psycopg.Connection[dict[str, Any]], org: str, report: Report, erased: list[str]
+) -> None:
+    """The decisions and the replies, and whether every step followed what people said (not
+    in erased runs: their outputs and inputs are redacted)."""
     requests = conn.execute(
         """SELECT a.approval_id, a.status, (r.input->>'i')::int AS i FROM approvals a
-           JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id WHERE a.org_id = %s""",
+           JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
+           WHERE a.org_id = %s AND r.erased_at IS NULL""",
         (org,),
     ).fetchall()
     report.approval_requests = len(requests)
@@ -684,8 +1019,9 @@ def _people_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: 
            FROM steps st
            LEFT JOIN approvals a ON a.org_id = st.org_id
                                 AND a.approval_id = st.output->>'approval_id'
-           WHERE st.org_id = %s AND st.step_id = 'approve' AND st.status = 'done'""",
-        (org,),
+           WHERE st.org_id = %s AND st.step_id = 'approve' AND st.status = 'done'
+             AND st.run_id <> ALL(%s)""",
+        (org, erased),
     ).fetchall()
     report.decided_by_default = sum(1 for st in steps if st["via"] == "default")
     report.decisions_astray = sum(
@@ -706,45 +1042,60 @@ def _people_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: 
     report.replies_refused = report.signals.get("refused", 0)
     report.replies_late = report.signals.get("late", 0) + report.replies_refused
     consumed = {
-        (s["run_id"], s["seq"]): s["signal_id"] for s in signals if s["status"] == "consumed"
+        (s["run_id"], s["seq"]): s["signal_id"]
+        for s in signals
+        if s["status"] == "consumed" and s["run_id"] not in erased
     }
     took = {
         (w["run_id"], w["seq"]): w["took"]
         for w in conn.execute(
             """SELECT run_id, seq, output->>'signal_id' AS took FROM steps
-               WHERE org_id = %s AND step_id = 'wait_reply' AND status = 'done'""",
-            (org,),
+               WHERE org_id = %s AND step_id = 'wait_reply' AND status = 'done'
+                 AND run_id <> ALL(%s)""",
+            (org, erased),
         ).fetchall()
     }
     report.signals_astray = sum(
         1 for entry in set(consumed) | set(took) if consumed.get(entry) != took.get(entry)
     )
-    report.outcomes = {
-        r["step_id"]: r["n"]
-        for r in conn.execute(
-            """SELECT step_id, count(*) AS n FROM steps
-               WHERE org_id = %s AND status = 'done' AND step_id = ANY(%s) GROUP BY step_id""",
-            (org, [*scenario.OUTCOME_STEPS.values(), "not_sent"]),
-        ).fetchall()
-    }
+    outcomes: Counter[str] = Counter()
+    for r in conn.execute(
+        """SELECT step_id, count(*) AS n FROM steps
+           WHERE org_id = %s AND status = 'done' AND step_id = ANY(%s) GROUP BY step_id""",
+        (org, [*scenario.OUTCOME_STEPS.values(), "not_sent", *scenario.MIGRATION_MAP.values()]),
+    ).fetchall():
+        outcomes[scenario.outcome_step(r["step_id"])] += r["n"]  # version 2's rename folded
+    report.outcomes = dict(outcomes)
 
 
-def _flow_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: Report) -> None:
+# The flow-control events of the history, by kind (of one run, or of every run but some).
+_FLOW_EVENTS = """
+SELECT CASE WHEN event = 'circuit_opened' THEN event || ':' || (detail->>'was')
+            WHEN event = 'step_parked' THEN event || ':' || (detail->>'type')
+            WHEN event = 'step_resumed' THEN event || ':' || (detail->>'by')
+            ELSE event END AS what, count(*) AS n
+FROM history
+WHERE org_id = %(org)s AND event IN ('circuit_opened', 'circuit_half_open', 'circuit_closed',
+                                     'step_parked', 'step_resumed')
+  AND (%(run)s::text IS NULL OR run_id = %(run)s) AND run_id <> ALL(%(skip)s::text[])
+GROUP BY 1
+"""
+
+
+def _flow_figures(
+    conn: psycopg.Connection[dict[str, Any]],
+    org: str,
+    report: Report,
+    erased: list[str],
+    before_erasure: Counter[str],
+) -> None:
     """Circuits opened, probed and closed, steps parked on them and on the budget and
-    resumed, and the budget's charges: one per completed draft."""
-    events = {
-        r["what"]: r["n"]
-        for r in conn.execute(
-            """SELECT CASE WHEN event = 'circuit_opened' THEN event || ':' || (detail->>'was')
-                           WHEN event = 'step_parked' THEN event || ':' || (detail->>'type')
-                           WHEN event = 'step_resumed' THEN event || ':' || (detail->>'by')
-                           ELSE event END AS what, count(*) AS n
-               FROM history WHERE org_id = %s AND event IN ('circuit_opened',
-                   'circuit_half_open', 'circuit_closed', 'step_parked', 'step_resumed')
-               GROUP BY 1""",
-            (org,),
-        ).fetchall()
-    }
+    resumed, and the budget's charges: one per completed draft. An erased run's events are
+    counted as they were read just before its erasure (``before_erasure``): its history's
+    details are redacted since."""
+    events = Counter(before_erasure)
+    for r in conn.execute(_FLOW_EVENTS, {"org": org, "run": None, "skip": erased}).fetchall():
+        events[r["what"]] += r["n"]
     report.circuits_opened = events.get("circuit_opened:closed", 0)
     report.circuits_reopened = events.get("circuit_opened:half_open", 0)
     report.circuit_probes = events.get("circuit_half_open", 0)
@@ -769,7 +1120,14 @@ def _flow_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: Re
                    WHERE c.org_id = b.org_id AND c.scope = b.scope AND c.unit = b.unit)
                       AS charges,
                   (SELECT count(*) FROM budget_reservations r
-                   WHERE r.org_id = b.org_id AND r.scope = b.scope AND r.unit = b.unit) AS left
+                   WHERE r.org_id = b.org_id AND r.scope = b.scope AND r.unit = b.unit
+                     AND (r.lease_until > now() OR NOT EXISTS (
+                         SELECT 1 FROM runs x
+                         WHERE x.org_id = r.org_id AND x.status = 'cancelled'
+                           AND x.run_id = split_part(r.effect_key, '/', 1)))) AS left,
+                  (SELECT count(*) FROM budget_reservations r
+                   WHERE r.org_id = b.org_id AND r.scope = b.scope AND r.unit = b.unit)
+                      AS rows
            FROM budgets b WHERE b.org_id = %s AND b.scope = %s AND b.unit = %s""",
         (org, scenario.AUTOMATION, scenario.BUDGET_UNIT),
     ).fetchone()
@@ -778,6 +1136,7 @@ def _flow_figures(conn: psycopg.Connection[dict[str, Any]], org: str, report: Re
         report.budget_charged = float(budget["charged"])
         report.budget_charges = int(budget["charges"])
         report.budget_reservations_left = int(budget["left"])
+        report.budget_reservations_cancelled = int(budget["rows"]) - int(budget["left"])
     report.budget_missing_charges = conn.execute(
         """SELECT count(*) AS n FROM steps st
            JOIN runs r ON r.org_id = st.org_id AND r.run_id = st.run_id
@@ -998,6 +1357,11 @@ class _People:
         for row in conn.execute(_PENDING_APPROVALS, (self.org,)).fetchall():
             self._submit("click", f"a:{row['approval_id']}", self._decide, row)
 
+    def busy(self, run_id: str) -> bool:
+        """Someone is acting on the run right now (a reply, an early reply under way)."""
+        with self._lock:
+            return f"r:{run_id}" in self._busy
+
     def _mark_silent(self, key: str) -> None:
         with self._lock:
             if key not in self._finished:
@@ -1183,7 +1547,13 @@ class _Chaos:
         self.retired: list[Proc] = []
         self.generation = 0
         self.t0 = time.monotonic()
-        self.queues: dict[str, list[Spec]] = {"worker": [], "leader": [], "starter": [], "api": []}
+        self.queues: dict[str, list[Spec]] = {
+            "worker": [],
+            "leader": [],
+            "starter": [],
+            "api": [],
+            "migrator": [],
+        }
         self.specs_total = 0
         self.specs_done = 0
         self.worker_points: set[str] = set()
@@ -1209,6 +1579,20 @@ class _Chaos:
         self.cancels: dict[str, tuple[str, float]] = {}  # run_id -> (outcome, answered at)
         self.budget = float(scenario.budget_start())
         self.last_raise = 0.0
+        # the migration (R11): planned -> driving -> done
+        self.migration = "planned"
+        self.migrator: Proc | None = None
+        self.operation_id: str | None = None
+        # the erasures (R14): contact -> the answer (None: asked, no answer yet)
+        self.erasing: dict[str, dict[str, Any] | None] = {}
+        self.before_erasure: Counter[str] = Counter()  # flow events of runs about to be erased
+        self.erase_contacts = {
+            scenario.payload(i)["contact"]: i for i in range(runs) if scenario.erase_plan(i)
+        }
+        # the outages (R15): one per notify kill; the state of the current one
+        self.notify_specs: list[Spec] = []
+        self.outage: dict[str, Any] | None = None
+        self.outages_done = 0
 
     # -- the schedule ---------------------------------------------------------------------------
     def plan(self) -> None:
@@ -1224,24 +1608,33 @@ class _Chaos:
             # the first kill of every point at its first hit (@1); later ones at a random
             # @n; a graceful shutdown happens once per process, so always @1
             one = [
-                Spec(p, 1 if r == 0 or p == SHUTDOWN_POINT else self.rng.randint(2, 4), "scheduled")
+                Spec(
+                    p,
+                    1 if r == 0 or p in (SHUTDOWN_POINT, *RARE_POINTS) else self.rng.randint(2, 4),
+                    "scheduled",
+                )
                 for p in points
             ]
             self.rng.shuffle(one)
             rounds.append(one)
         for p in points:
             self.report.expected_kills[p] = self.kills_per_point
-        random_points = [p for p in points if p not in STARTER_POINTS and p != SHUTDOWN_POINT]
+        random_points = [
+            p for p in points if p not in (*STARTER_POINTS, SHUTDOWN_POINT, *RARE_POINTS)
+        ]
         extra = max(2, len(points) * self.kills_per_point // 4)
         randoms = [
             Spec(self.rng.choice(random_points), self.rng.randint(2, 8), "random")
             for _ in range(extra)
         ]
         for spec in [s for r in rounds for s in r]:
-            self.queues[self._role(spec.point)].append(spec)
+            if spec.point == NOTIFY_POINT:
+                self.notify_specs.append(spec)  # armed in every relay process, per outage
+            else:
+                self.queues[self._role(spec.point)].append(spec)
         for spec in randoms:  # after the planned ones: if runs run short, they are what is lost
             self.queues[self._role(spec.point)].append(spec)
-        self.specs_total = sum(len(q) for q in self.queues.values())
+        self.specs_total = sum(len(q) for q in self.queues.values()) + len(self.notify_specs)
         self.tail_reserve = min(self.runs // 3, 2 * (self.workers + 1))
         self.per_spec = max(0.5, min(1.5, (self.runs - self.min_inflight) / self.specs_total))
         n_external = max(2, 2 * self.kills_per_point)
@@ -1259,6 +1652,10 @@ class _Chaos:
             return "leader"
         if point in API_POINTS:
             return "api"
+        if point in MIGRATOR_POINTS:
+            return "migrator"
+        if point == NOTIFY_POINT:
+            return "relay"
         return "worker"
 
     def _armed_specs(self, exclude: Proc | None = None) -> list[Spec]:
@@ -1273,6 +1670,9 @@ class _Chaos:
     def specs_left(self) -> int:
         queued = {id(x): x for q in self.queues.values() for x in q if not x.done}
         queued.update((id(x), x) for x in self._armed_specs())
+        queued.update((id(x), x) for x in self.notify_specs if not x.done)
+        if self.migrator is not None and self.migrator.alive():
+            queued.update((id(x), x) for x in self.migrator.specs if not x.done)
         return len(queued)
 
     def _armed(self, proc: Proc) -> bool:
@@ -1316,23 +1716,11 @@ class _Chaos:
         self.generation += 1
         name = f"api0-{self.generation}"
         queue = self.queues["api"]
-        specs = [queue.pop(0)] if queue else []
+        ready = self._api_spec_ready()
+        specs = [queue.pop(ready)] if ready is not None else []
         for spec in specs:
             spec.tries += 1
-        env = process_env(
-            crash_at=",".join(x.arm for x in specs) or None,
-            extra={
-                "ONWARD_DATABASE_URL": with_query(
-                    self.url, application_name=self.app_prefix + name
-                ),
-                "ONWARD_QUEUE": self.settings.queue,
-                "ONWARD_QUEUE_PREFIX": self.settings.queue_prefix,
-                "ONWARD_REDIS_URL": self.settings.redis_url,
-                "ONWARD_ORG": self.settings.org_id,
-                "ONWARD_LOG_LEVEL": "warning",
-                "ONWARD_SHUTDOWN_GRACE_SECONDS": "1",
-            },
-        )
+        env = self._cli_env(name, specs, application_name=self.app_prefix + name)
         argv = [sys.executable, "-m", "onward.cli", "api", "--host", "127.0.0.1"]
         proc = Proc.start(
             [*argv, "--port", str(self.api_port)],
@@ -1347,6 +1735,30 @@ class _Chaos:
         self.report.processes += 1
         self.procs[("api", 0)] = proc
         return proc
+
+    def _cli_env(self, name: str, specs: list[Spec], *, application_name: str) -> dict[str, str]:
+        """The environment of an ``onward`` command of this run (the API, a migration's
+        driver), armed through ``ONWARD_CRASH_AT`` with ``specs``."""
+        return process_env(
+            crash_at=",".join(x.arm for x in specs) or None,
+            extra={
+                "ONWARD_DATABASE_URL": with_query(self.url, application_name=application_name),
+                "ONWARD_QUEUE": self.settings.queue,
+                "ONWARD_QUEUE_PREFIX": self.settings.queue_prefix,
+                "ONWARD_REDIS_URL": self.settings.redis_url,
+                "ONWARD_ORG": self.settings.org_id,
+                "ONWARD_LOG_LEVEL": "warning",
+                "ONWARD_SHUTDOWN_GRACE_SECONDS": "1",
+            },
+        )
+
+    def _api_spec_ready(self) -> int | None:
+        """The position in the API's queue of the next kill it can reach now: an erasure's
+        only once a contact can be erased (else it would wait armed for nothing)."""
+        for k, spec in enumerate(self.queues["api"]):
+            if spec.point not in ERASURE_POINTS or self._erasable(spec.point):
+                return k
+        return None
 
     def _api_answers(self) -> bool:
         try:
@@ -1396,7 +1808,10 @@ class _Chaos:
         for spec in proc.specs:
             spec.tries += 1
         proc.spawned_at = time.monotonic()
-        arm = ",".join(x.arm for x in proc.specs) or "-"
+        arms = [x.arm for x in proc.specs]
+        if role in ("worker", "leader") and self._notify_live():
+            arms.append(f"{NOTIFY_POINT}@1")  # every relay process, while an outage lasts
+        arm = ",".join(arms) or "-"
         proc.tell(f"go {proc.name} {arm}\n")
         self.procs[(role, slot)] = proc
         return proc
@@ -1476,7 +1891,13 @@ class _Chaos:
             return
         for r in candidates:
             plan = scenario.cancel_plan(r["i"])
-            waiting_on = r["status"] == "waiting" and r["step_id"] in ("wait", "wait_reply")
+            # on its first wait, its approval or the reply: a run passes at least one of them
+            # while the API is up (its approval needs a click through the API)
+            waiting_on = r["status"] == "waiting" and r["step_id"] in (
+                "wait",
+                "approve",
+                "wait_reply",
+            )
             if plan == "waiting" and not waiting_on:
                 continue
             if plan == "in_flight" and not (
@@ -1494,21 +1915,383 @@ class _Chaos:
             if reply.status_code == 200:
                 self.cancels[r["run_id"]] = (reply.json()["outcome"], time.time())
 
+    # -- the migration (R11) ------------------------------------------------------------------
+    def _migrate(self) -> None:
+        """Once ``MIGRATE_AT`` of the schedule is done and enough runs of version 1 are
+        unfinished: publish version 2 and migrate them, through ``onward runs migrate`` armed
+        at ``migrate.in_batch``; after each kill, ``onward operations resume`` (armed with the
+        next kill, if any) continues the operation from its cursor, until it is done."""
+        if self.migration == "planned":
+            if self.progress() < MIGRATE_AT or self.monitor is None or self.monitor.closed:
+                return
+            try:
+                row = self.monitor.execute(
+                    _V1_UNFINISHED, {"org": self.settings.org_id, "automation": scenario.AUTOMATION}
+                ).fetchone()
+            except psycopg.Error:
+                return
+            unfinished = int(row["n"]) if row else 0
+            if unfinished < MIGRATE_MIN:
+                return
+            try:
+                asyncio.run(_publish(self.settings, scenario.document(version=2)))
+            except (psycopg.Error, OSError) as exc:
+                self.out(f"[chaos] publishing version 2 failed ({type(exc).__name__}); again")
+                return
+            self.report.migration_published_at = self.started_db
+            self.report.migration_v1_unfinished = unfinished
+            self.migration = "driving"
+            self.migrator = self._spawn_migrator(None)
+            return
+        proc = self.migrator
+        if self.migration != "driving" or proc is None or proc.alive():
+            return
+        rc = proc.popen.returncode
+        if not proc.log.closed:
+            proc.log.close()
+        tail = proc.tail(4000)
+        crashed_at = _crashed_at(tail)
+        live = [x for x in proc.specs if not x.done]
+        if rc == -signal.SIGKILL and crashed_at == MIGRATE_POINT:
+            self.report.kills[MIGRATE_POINT] = self.report.kills.get(MIGRATE_POINT, 0) + 1
+            for spec in live:
+                spec.done = True
+                self.specs_done += 1
+        elif rc != 0:
+            arm = ",".join(x.arm for x in proc.specs) or "-"
+            self.report.unexpected_exits.append(
+                f"{proc.name} exit {rc} (armed {arm}): " + tail[-600:].replace("\n", " | ")
+            )
+            self.queues["migrator"][:0] = live
+        else:
+            for spec in live:  # the operation ended before its batch came: it cannot come now
+                self._missed(spec)
+        try:
+            op = self.monitor.execute(  # type: ignore[union-attr]
+                _MIGRATION, {"org": self.settings.org_id}
+            ).fetchone()
+        except (psycopg.Error, AttributeError):
+            self.monitor = None
+            op = None
+        if op is None and rc == 0:
+            self.report.migration_errors.append(f"{proc.name} left no operation")
+            self.migration = "done"
+        elif op is None or op["status"] == "running":
+            self.migrator = self._spawn_migrator(op["operation_id"] if op else None)
+        else:
+            self.operation_id = op["operation_id"]
+            self.migration = "done"
+
+    def _spawn_migrator(self, operation_id: str | None) -> Proc:
+        """``onward runs migrate`` (or ``onward operations resume OP``), armed with the next
+        kill of its queue. Its connections are named outside the run's prefix: the connection
+        killer leaves them alone (a terminated batch would only be resumed the same way)."""
+        self.generation += 1
+        name = f"migrator-{self.generation}"
+        queue = self.queues["migrator"]
+        specs = [queue.pop(0)] if queue else []
+        for spec in specs:
+            spec.tries += 1
+        if operation_id is None:
+            mapping = ",".join(f"{a}:{b}" for a, b in scenario.MIGRATION_MAP.items())
+            args = ["runs", "migrate", "--automation", scenario.AUTOMATION, "--from", "1"]
+            args += ["--to", "2", "--map", mapping, "--batch", str(MIGRATE_BATCH), "--by", "chaos"]
+        else:
+            args = ["operations", "resume", operation_id]
+        proc = Proc.start(
+            [sys.executable, "-m", "onward.cli", *args],
+            name=name,
+            log_path=self.log_dir / f"p{self.generation:04d}-migrator.log",
+            env=self._cli_env(name, specs, application_name=f"onward-chaos-op-{name}"),
+            role="migrator",
+            specs=specs,
+            spawned_at=time.monotonic(),
+        )
+        self.report.processes += 1
+        self.report.migration_drivers += 1
+        return proc
+
+    # -- the erasures (R14) --------------------------------------------------------------------
+    def _erase_moment(self, row: dict[str, Any]) -> str | None:
+        """Whether the contact of a candidate run can be erased now, and how: ``early`` (its
+        run in its first steps), ``early_in_flight`` (... one running: the erasure stays
+        pending until the run stops), ``finished`` (and nobody acts on it any more)."""
+        if row["finished"]:
+            quiet = not self.people.busy(row["run_id"])
+            return "finished" if quiet and row["finished_s"] >= 1.0 else None
+        if row["step_id"] in scenario.EARLY_STEPS and row["step_status"] != "parked":
+            # (not while parked on the budget or a circuit: that story ends in its resume)
+            return "early_in_flight" if row["step_status"] == "running" else "early"
+        return None
+
+    def _erasable(self, point: str) -> bool:
+        rows = getattr(self, "erase_rows", [])
+        return any(
+            (m := self._erase_moment(r)) is not None
+            and not (point == "erasure.after_run" and m == "early_in_flight")
+            for r in rows
+        )
+
+    def _erase(self) -> None:
+        """Erase the contacts ``scenario.erase_plan`` names, through the API: while kills at
+        an erasure's crash points are still to come, only when the API is armed at one (with
+        a contact whose erasure reaches it); then each at its planned moment. A request whose
+        answer was lost (the API killed) is made again (erasure is idempotent)."""
+        api = self.procs.get(("api", 0))
+        if api is None or not api.alive() or api.ready_at is None or api.term_at is not None:
+            return
+        if self.monitor is None or self.monitor.closed:
+            return
+        for contact, answer in self.erasing.items():
+            if answer is None:
+                self._erase_call(contact)
+                return
+        todo = [c for c in self.erase_contacts if c not in self.erasing]
+        if not todo:
+            self.erase_rows = []
+            return
+        try:
+            rows = self.monitor.execute(
+                _ERASE_CANDIDATES, {"org": self.settings.org_id, "contacts": todo}
+            ).fetchall()
+        except psycopg.Error:
+            return
+        self.erase_rows = rows
+        armed = next((x.point for x in api.specs if not x.done and x.point in ERASURE_POINTS), None)
+        kills_left = len(
+            {
+                id(x): x
+                for x in [*self.queues["api"], *api.specs]
+                if x.point in ERASURE_POINTS and not x.done
+            }
+        )
+        for r in rows:
+            moment = self._erase_moment(r)
+            if moment is None:
+                continue
+            if armed == "erasure.after_run" and moment == "early_in_flight":
+                continue  # its erasure would stop at the record: the run is erased later
+            if armed is None and len(todo) <= kills_left:
+                return  # kept for the kills still to come (one contact for each at least)
+            planned = scenario.erase_plan(self.erase_contacts[r["contact_id"]])
+            if armed is None and moment != "finished" and planned != "early":
+                continue  # its contact is erased once its run has finished
+            self._erase_call(r["contact_id"], r["run_id"])
+            return
+
+    def _erase_call(self, contact: str, run_id: str | None = None) -> None:
+        if run_id is not None and contact not in self.erasing:
+            # its flow-control events, before erasure redacts their details
+            with contextlib.suppress(psycopg.Error, AttributeError):
+                for e in self.monitor.execute(  # type: ignore[union-attr]
+                    _FLOW_EVENTS, {"org": self.settings.org_id, "run": run_id, "skip": []}
+                ).fetchall():
+                    self.before_erasure[e["what"]] += e["n"]
+        self.erasing.setdefault(contact, None)
+        self.report.erasure_requests += 1
+        try:
+            reply = httpx.post(
+                f"http://127.0.0.1:{self.api_port}/v1/contacts/{contact}/erase",
+                json={"by": "chaos"},
+                timeout=20.0,
+            )
+        except httpx.HTTPError:
+            self.report.erasures_lost += 1  # asked again once the API is back
+            return
+        if reply.status_code in (200, 202):
+            self.erasing[contact] = reply.json()
+            self.report.erasures[contact] = self.erasing[contact]["status"]  # type: ignore[index]
+            return
+        if reply.status_code == 503:  # the database could not be reached (a terminated
+            self.report.erasures_lost += 1  # connection): asked again
+            return
+        self.report.erasure_errors.append(
+            f"erase {contact}: {reply.status_code} {reply.text}"[:300]
+        )
+        if len(self.report.erasure_errors) > 5:
+            self.erasing[contact] = {"status": f"refused {reply.status_code}"}
+
+    def _erasures_done(self) -> bool:
+        if any(c not in self.erasing or self.erasing[c] is None for c in self.erase_contacts):
+            return False
+        if self.monitor is None or self.monitor.closed:
+            return False
+        try:
+            row = self.monitor.execute(_ERASURES_PENDING, {"org": self.settings.org_id}).fetchone()
+        except psycopg.Error:
+            return False
+        return row is not None and int(row["n"]) == 0  # the sweeper finished the pending ones
+
+    # -- the broken connection and its notification (R15) ---------------------------------------
+    def _relays(self) -> list[Proc]:
+        return [p for p in self.procs.values() if p.role in ("worker", "leader") and p.alive()]
+
+    def _notify_live(self) -> bool:
+        return self.outage is not None and not self.outage["spec"].done
+
+    def _notify_killed(self) -> None:
+        """A relay died at ``notify.after_send``: that outage's kill is done; the others are
+        disarmed before the notification's claim lapses and another relay sends it again."""
+        if self.outage is None or self.outage["spec"].done:
+            return
+        self.outage["spec"].done = True
+        self.specs_done += 1
+        for p in self._relays():
+            p.tell(f"disarm {NOTIFY_POINT}\n")
+
+    def _notify(self, now: float) -> None:
+        """One outage per planned ``notify.after_send`` kill: every relay process is armed
+        there (stdin ``arm``, acknowledged), the mailbox's provider refuses (401) until a send
+        marked the connection broken -- which writes the notification -- and a moment more,
+        then the runner restores it (the sandbox, then ``POST
+        /v1/connections/mailbox/restore`` through the API). The receiver fails the first
+        attempts; the relay that gets its 2xx dies before writing it, and another sends it
+        again with the same id."""
+        o = self.outage
+        if o is None:
+            spec = next((x for x in self.notify_specs if not x.done), None)
+            if spec is None:
+                return
+            if self.outages_done >= len(self.notify_specs) + 3:
+                self._missed(spec)  # delivered each time by a process that was not armed
+                return
+            if self.progress() < BREAK_AT[min(self.outages_done, len(BREAK_AT) - 1)]:
+                return
+            spec.tries += 1
+            self.outage = {"state": "arming", "spec": spec, "since": now, "acks": {}, "logs": {}}
+            for p in self._relays():
+                self.outage["acks"][p.name] = p
+                p.tell(f"arm {NOTIFY_POINT}@1\n")
+            return
+        admin = self.sandbox.admin
+        if o["state"] == "arming":
+            for name, p in list(o["acks"].items()):
+                o["logs"][name] = o["logs"].get(name, "") + p.read_new()
+                if not p.alive() or f"armed {NOTIFY_POINT}" in o["logs"][name]:
+                    del o["acks"][name]
+            if o["acks"] and now - o["since"] < 10.0:
+                return
+            try:
+                admin.revoke(scenario.BREAK_PROVIDER, scenario.ACCOUNT)
+            except Exception:  # the sandbox is ours: again on the next step
+                return
+            self.report.outages += 1
+            o.update(state="broken", since=now)
+        elif o["state"] == "broken":
+            status = self._connection_status()
+            if status == "broken":
+                o.setdefault("broken_at", now)
+                if now - o["broken_at"] < BREAK_HOLD_S:
+                    return
+                try:
+                    admin.restore(scenario.BREAK_PROVIDER, scenario.ACCOUNT)
+                except Exception:
+                    return
+                o.update(state="restoring", since=now)
+            elif status == "ok" and now - o["since"] > BREAK_PROBE_S:
+                # no send met the refusal: the customer's probe finds it (and notifies)
+                with contextlib.suppress(psycopg.Error, OSError):
+                    asyncio.run(_probe(self.settings))
+                    self.report.outages_probed += 1
+                    o["since"] = now
+        elif o["state"] == "restoring":
+            try:
+                reply = httpx.post(
+                    f"http://127.0.0.1:{self.api_port}/v1/connections/"
+                    f"{scenario.BREAK_CONNECTION}/restore",
+                    timeout=5.0,
+                )
+            except httpx.HTTPError:
+                return
+            if reply.status_code == 200:
+                o.update(state="delivering", since=now)
+        elif o["state"] == "delivering":
+            if now - o["since"] > 1.0:
+                self._resume_reconnect_parks()
+            undelivered = self._undelivered()
+            if undelivered is None or undelivered > 0:
+                return
+            self.outage = None  # if no armed relay sent it, the next outage tries again
+            self.outages_done += 1
+
+    def _connection_status(self) -> str | None:
+        try:
+            row = self.monitor.execute(  # type: ignore[union-attr]
+                "SELECT status FROM connections WHERE org_id = %s AND connection_id = %s",
+                (self.settings.org_id, scenario.BREAK_CONNECTION),
+            ).fetchone()
+        except (psycopg.Error, AttributeError):
+            return None
+        return str(row["status"]) if row else None
+
+    def _undelivered(self) -> int | None:
+        try:
+            row = self.monitor.execute(  # type: ignore[union-attr]
+                "SELECT count(*) FILTER (WHERE delivered_at IS NULL) AS n,"
+                " count(*) AS written FROM notifications WHERE org_id = %s",
+                (self.settings.org_id,),
+            ).fetchone()
+        except (psycopg.Error, AttributeError):
+            return None
+        if row is None or int(row["written"]) == 0:
+            return None  # not written yet
+        return int(row["n"])
+
+    def _resume_reconnect_parks(self) -> None:
+        """A step that read the connection as broken, then parked after the restore committed,
+        waits for a reconnect that already happened: resumed by an operator (counted)."""
+        try:
+            rows = self.monitor.execute(  # type: ignore[union-attr]
+                _PARKED_AFTER_RESTORE,
+                {"org": self.settings.org_id, "connection": scenario.BREAK_CONNECTION},
+            ).fetchall()
+        except (psycopg.Error, AttributeError):
+            return
+        for r in rows:
+            try:
+                reply = httpx.post(
+                    f"http://127.0.0.1:{self.api_port}/v1/runs/{r['run_id']}/resume",
+                    json={"by": "chaos"},
+                    timeout=5.0,
+                )
+            except httpx.HTTPError:
+                return
+            if reply.status_code == 200:
+                self.report.reconnect_resumed_by_operator += 1
+
+    def _extras_done(self) -> bool:
+        """The migration, the erasures and the outages are over."""
+        return (
+            self.migration != "driving"
+            and self.outage is None
+            and all(x.done for x in self.notify_specs)
+            and self._erasures_done()
+        )
+
+    def _still_reachable(self, spec: Spec) -> bool:
+        """Once every run has finished: can this kill still come? An erasure's while a contact
+        is left to erase (a finished run's erasure reaches both points), a migration's while it
+        is driven."""
+        if spec.point in ERASURE_POINTS:
+            return any(self.erasing.get(c) is None for c in self.erase_contacts)
+        if spec.point == MIGRATE_POINT:
+            return self.migration == "driving"
+        return False
+
     def _reap(self, proc: Proc, *, stopping: bool = False) -> None:
         rc = proc.popen.returncode
         if not proc.log.closed:
             proc.log.close()
         tail = proc.tail(4000)
-        crashed_at = None
-        for line in tail.splitlines():
-            if line.startswith("onward: crash point ") and line.endswith(" reached, SIGKILL"):
-                crashed_at = line[len("onward: crash point ") : -len(" reached, SIGKILL")]
+        crashed_at = _crashed_at(tail)
         stats = worker_stats(tail)
         if stats is not None:
             self.report.stale_settles_refused += int(stats.get("lost", 0))
         live = [x for x in proc.specs if not x.done]
         if rc == -signal.SIGKILL and crashed_at is not None and not proc.external:
             self.report.kills[crashed_at] = self.report.kills.get(crashed_at, 0) + 1
+            if crashed_at == NOTIFY_POINT:
+                self._notify_killed()
             for spec in live:
                 if spec.point == crashed_at:
                     spec.done = True
@@ -1560,6 +2343,9 @@ class _Chaos:
             if line.startswith("started "):
                 self.report.deliveries += 2
                 self.report.duplicates_acknowledged += 1 + int(line.endswith(" dup"))
+            elif line.startswith("erased "):  # a redelivery after its contact was erased
+                self.report.deliveries += 2
+                self.report.starts_refused_erased += 1
             elif line.startswith("batch ") and self.batch is not None:
                 if int(line.split()[1]) == self.batch[1]:
                     self.batch = None
@@ -1680,6 +2466,10 @@ class _Chaos:
                     proc.term_at = now
         self._flow_control(now)
         self._cancel()
+        self._migrate()
+        self._erase()
+        self._notify(now)
+        self._rearm_api(now)
         if self.all_finished() and not self.schedule_done():
             self.give_up(now)
         for proc in self.procs.values():
@@ -1728,17 +2518,30 @@ class _Chaos:
         schedule is missed."""
         for queue in self.queues.values():
             for spec in queue:
-                self._missed(spec)
-            queue.clear()
+                if not self._still_reachable(spec):
+                    self._missed(spec)
+            queue[:] = [x for x in queue if not x.done]
         for proc in self.procs.values():
             if self._armed(proc) and proc.alive() and proc.term_at is None:
+                if any(self._still_reachable(x) for x in proc.specs if not x.done):
+                    continue
                 for spec in proc.specs:
                     self._missed(spec)
                 proc.popen.send_signal(signal.SIGTERM)
                 proc.term_at = now
 
     def done(self) -> bool:
-        return self.all_finished() and self.schedule_done()
+        return self.all_finished() and self.schedule_done() and self._extras_done()
+
+    def _rearm_api(self, now: float) -> None:
+        """An API process armed with nothing while its queue holds a kill it can reach now
+        (an erasure's, once a contact can be erased): restarted gracefully, to be armed."""
+        api = self.procs.get(("api", 0))
+        if api is None or not api.alive() or api.ready_at is None or api.term_at is not None:
+            return
+        if not self._armed(api) and self._api_spec_ready() is not None:
+            api.popen.send_signal(signal.SIGTERM)
+            api.term_at = now
 
     def say_progress(self, force: bool = False) -> None:
         now = self.elapsed()
@@ -1830,6 +2633,8 @@ class _Chaos:
 
     def stop_all(self) -> None:
         working = [p for p in self.procs.values() if p.alive()]
+        if self.migrator is not None and self.migrator.alive():
+            working.append(self.migrator)
         spares = [p for p in [*self.spares.values(), *self.retired] if p.alive()]
         for p in [*working, *spares]:
             with contextlib.suppress(ProcessLookupError):
@@ -1847,8 +2652,10 @@ class _Chaos:
                 p.popen.kill()
                 p.popen.wait()
         for p in working:
-            self._reap(p, stopping=True)
-        for p in [*self.procs.values(), *self.spares.values(), *self.retired]:
+            if p is not self.migrator:
+                self._reap(p, stopping=True)
+        migrator = [self.migrator] if self.migrator is not None else []
+        for p in [*self.procs.values(), *self.spares.values(), *self.retired, *migrator]:
             if not p.log.closed:
                 p.log.close()
             p.close_stdin()
@@ -1877,10 +2684,67 @@ FROM runs r
 LEFT JOIN LATERAL (
     SELECT s.wait_kind FROM steps s
     WHERE s.org_id = r.org_id AND s.run_id = r.run_id AND s.status = 'parked'
-      AND s.wait_kind IN ('circuit', 'budget')
+      AND s.wait_kind IN ('circuit', 'budget', 'reconnect')
     LIMIT 1) f ON true
 WHERE r.org_id = %s
 """
+
+
+# The unfinished runs of version 1 (what a migration would move).
+_V1_UNFINISHED = """
+SELECT count(*) AS n FROM runs
+WHERE org_id = %(org)s AND automation_id = %(automation)s AND version = 1 AND finished_at IS NULL
+"""
+
+# The migration's operation (the newest).
+_MIGRATION = """
+SELECT operation_id, status FROM operations
+WHERE org_id = %(org)s AND kind = 'migrate' ORDER BY created_at DESC LIMIT 1
+"""
+
+# The runs of the contacts to erase, not erased yet, with their unfinished step.
+_ERASE_CANDIDATES = """
+SELECT r.run_id, r.contact_id, r.finished_at IS NOT NULL AS finished,
+       coalesce(extract(epoch FROM now() - r.finished_at), 0) AS finished_s,
+       s.step_id, s.status AS step_status
+FROM runs r
+LEFT JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id
+                 AND s.status IN ('ready', 'running', 'waiting', 'parked')
+WHERE r.org_id = %(org)s AND r.contact_id = ANY(%(contacts)s) AND r.erased_at IS NULL
+ORDER BY r.run_id
+"""
+
+_ERASURES_PENDING = """
+SELECT count(*) AS n FROM erasures WHERE org_id = %(org)s AND status <> 'done'
+"""
+
+# Steps parked on the connection while it is usable: they parked after the restore committed.
+_PARKED_AFTER_RESTORE = """
+SELECT st.run_id FROM steps st
+JOIN connections c ON c.org_id = st.org_id AND c.connection_id = %(connection)s
+WHERE st.org_id = %(org)s AND st.status = 'parked' AND st.wait_kind = 'reconnect'
+  AND st.error ->> 'connection' = %(connection)s AND c.status = 'ok'
+"""
+
+
+def _crashed_at(log: str) -> str | None:
+    """The crash point a process's log says it died at, if any."""
+    crashed_at = None
+    for line in log.splitlines():
+        if line.startswith("onward: crash point ") and line.endswith(" reached, SIGKILL"):
+            crashed_at = line[len("onward: crash point ") : -len(" reached, SIGKILL")]
+    return crashed_at
+
+
+async def _publish(settings: Settings, document: dict[str, Any]) -> None:
+    async with Engine.open(settings, migrate=False, start_queue=False, pool_size=1) as engine:
+        await engine.publish(document)
+
+
+async def _probe(settings: Settings) -> None:
+    """The customer checks the broken connection (marks it broken: the notification)."""
+    async with Engine.open(settings, migrate=False, start_queue=False, pool_size=1) as engine:
+        await engine.integrations.probe(settings.org_id, scenario.BREAK_CONNECTION)
 
 
 async def _set_budget(url: str, org: str, per_day: float) -> None:
@@ -1895,7 +2759,9 @@ async def _set_budget(url: str, org: str, per_day: float) -> None:
         await pool.close()
 
 
-async def _setup(settings: Settings, sandbox_url: str, signing_secret: str) -> None:
+async def _setup(
+    settings: Settings, sandbox_url: str, signing_secret: str, hook_url: str, hook_secret: str
+) -> None:
     async with Engine.open(settings, migrate=False, start_queue=False, pool_size=2) as engine:
         await engine.publish(scenario.document())
         await publish(
@@ -1907,6 +2773,9 @@ async def _setup(settings: Settings, sandbox_url: str, signing_secret: str) -> N
         for approver in scenario.APPROVERS:
             await engine.grant_approver(approver, automation_id=scenario.AUTOMATION)
         await scenario.configure_flow_control(engine)
+        await engine.set_notification_destination(
+            scenario.DESTINATION, url=hook_url, secret=hook_secret
+        )
 
 
 def api_port(rng: random.Random) -> int:
@@ -1990,7 +2859,12 @@ def run_chaos(
         port = api_port(rng)
         signing_secret = secrets.token_hex(16)
         scenario.connect_people(sandbox.admin, f"http://127.0.0.1:{port}", signing_secret)
-        asyncio.run(_setup(chaos_settings, sandbox.url, signing_secret))
+        hook_secret = new_secret()
+        sandbox.admin.hook_inbox(
+            scenario.HOOK_INBOX, fail_next=scenario.HOOK_FAILS, secret=hook_secret
+        )
+        hook_url = sandbox.admin.hook_url(scenario.HOOK_INBOX)
+        asyncio.run(_setup(chaos_settings, sandbox.url, signing_secret, hook_url, hook_secret))
         chaos = _Chaos(
             chaos_settings,
             url,
@@ -2021,12 +2895,16 @@ def run_chaos(
             chaos.stop_all()
             _clean_redis(chaos_settings)
         chaos.people.fill(report)
-        lost, expected = _db_figures(url, chaos_settings.org_id, report)
+        lost, expected = _db_figures(url, chaos_settings.org_id, report, chaos.before_erasure)
         report.lost = len(lost) + max(0, runs - report.started)
         report.lost_runs = sorted(lost)[:20]
         ledger = sandbox.admin.ledger()
         _ledger_figures(ledger, report, expected)
         _cancel_figures(url, chaos_settings.org_id, chaos.cancels, ledger, report)
+        _migration_figures(url, chaos_settings.org_id, chaos.operation_id, report)
+        _erasure_figures(url, chaos_settings.org_id, chaos.erasing, report)
+        hooks = sandbox.admin.hook_received(scenario.HOOK_INBOX)
+        _notify_figures(url, chaos_settings.org_id, hooks, report)
     report.elapsed_s = chaos.elapsed()
     if keep_logs or not own_logs or not report.ok or report.unexpected_exits:
         report.log_dir = str(logs)

@@ -22,7 +22,14 @@ webhook: a reply on most runs, an unsubscribe on one in eight, nothing on one in
 4 s deadline decides), and on one in eight she answers as soon as the email went out, before
 the step waits for her.
 
-Each run is started by a webhook-like event id (``evt-<i>``), delivered twice.
+Each run is started by a webhook-like event id (``evt-<i>``), delivered twice, naming its
+contact (``contact-<i>``, ``runs.contact_id``).
+
+A run's whole life (R11, R12, R14, R15): the runner cancels some runs (:func:`cancel_plan`),
+erases one contact in ten (:func:`erase_plan`), publishes version 2 mid-run (``no_reply``
+renamed by ``MIGRATION_MAP``, the email's subject changed) and migrates version 1's runs to
+it, and breaks the mailbox's connection for a moment; the organisation's notifications go to
+the sandbox's webhook receiver (``HOOK_INBOX``), which fails the first ``HOOK_FAILS`` attempts.
 
 Flow control (R5) guards every outside call (:func:`configure_flow_control`): each connection
 has a circuit breaker that opens after ``CIRCUIT_THRESHOLD`` failures in its window and
@@ -148,6 +155,50 @@ def cancel_plan(i: int) -> str | None:
     return {CANCEL_WAITING: "waiting", CANCEL_IN_FLIGHT: "in_flight"}.get(i % 10)
 
 
+# Some contacts are erased by the runner (R14), through the API process: while their run is in
+# its first steps (the wait, the draft, the CRM; its step in flight or not), or once it has
+# finished. By event index: i % 10 == ERASE.
+ERASE = 1
+
+
+def erase_plan(i: int) -> str | None:
+    """When the runner erases the contact of run ``i``: ``early`` (in its first steps; else once
+    it finished), ``finished``, or never (None)."""
+    if i % 10 != ERASE:
+        return None
+    return "early" if (i // 10) % 2 == 0 else "finished"
+
+
+EARLY_STEPS = ("wait", "draft", "crm")  # before anyone is asked or written to
+
+
+def identifiers(i: int) -> list[str]:
+    """What must be gone once run ``i``'s contact is erased: its id and its address."""
+    return [payload(i)["contact"], payload(i)["email"]]
+
+
+# Version 2 of the automation (R11), published mid-run; the runs of version 1 still unfinished
+# are migrated to it. The same step ids but one: ``no_reply`` is renamed (the map says so), and
+# the email's subject changes.
+MIGRATION_MAP = {"no_reply": "no_answer"}
+V2_SUBJECT = "Following up (v2)"
+
+
+def outcome_step(step_id: str) -> str:
+    """A step id of either version as version 1 names it (the figures count by those)."""
+    renamed = {new: old for old, new in MIGRATION_MAP.items()}
+    return renamed.get(step_id, step_id)
+
+
+# A connection broken mid-run (R15): the mailbox's provider answers 401 for a moment, so a send
+# marks it broken (the notification written), runs park on it until the runner restores it. The
+# organisation's webhook destination is the sandbox's receiver, which fails the first attempts.
+BREAK_PROVIDER, BREAK_CONNECTION = "email", "mailbox"
+HOOK_INBOX = "chaos-ops"
+HOOK_FAILS = 2  # the receiver answers the first attempts 503
+DESTINATION = "ops"
+
+
 def draft_cost(i: int) -> int:
     """The most run ``i``'s draft may cost in tokens, as the model connector estimates it
     (prompt tokens, four characters each, plus ``max_tokens``): what it reserves."""
@@ -198,7 +249,11 @@ def document(
     *,
     approval_deadline: str = APPROVAL_DEADLINE,
     reply_deadline: str = REPLY_DEADLINE,
+    version: int = 1,
 ) -> dict[str, Any]:
+    """The scenario's automation; ``version=2`` is what the runner publishes mid-run
+    (``MIGRATION_MAP``'s renamed step, ``V2_SUBJECT``)."""
+    silent = MIGRATION_MAP["no_reply"] if version == 2 else "no_reply"
     flow = (
         Automation(AUTOMATION, name="Maya's follow-up (chaos)")
         .step("wait", "wait_for", duration=wait)
@@ -233,7 +288,7 @@ def document(
             "email.send",
             connection="mailbox",
             to="{input.email}",
-            subject="Following up",
+            subject=V2_SUBJECT if version == 2 else "Following up",
             body="Hello {input.email}, thanks for your message.",
         )
         .step(
@@ -245,11 +300,11 @@ def document(
                 ("steps.wait_reply.signal == 'reply'", OUTCOME_STEPS["reply"]),
                 ("steps.wait_reply.signal == 'unsubscribe'", OUTCOME_STEPS["unsubscribe"]),
             ],
-            default=OUTCOME_STEPS[None],
+            default=silent,
         )
         .step("thank", "set", values={"outcome": "'replied'"}, next="pay")
         .step("unsubscribed", "set", values={"outcome": "'unsubscribed'"}, next="pay")
-        .step("no_reply", "set", values={"outcome": "'no reply'"}, next="pay")
+        .step(silent, "set", values={"outcome": "'no reply'"}, next="pay")
         .branch("pay", cases=[("input.charge == true", "charge")], default="done")
         .step(
             "charge",

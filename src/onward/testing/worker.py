@@ -23,15 +23,17 @@ counters: ``lost`` counts settles refused by the fence) and ``stopped``, and exi
 
 ``starter`` reads lines ``FIRST LAST`` on stdin and delivers the start events
 ``evt-FIRST .. evt-(LAST-1)`` of the chaos scenario (:mod:`onward.chaos.scenario`), each one
-TWICE (webhooks redeliver). It prints ``started <i> <run_id> new|dup`` for the first delivery
-of each, and ``batch <LAST>`` after each batch; EOF ends it.
+TWICE (webhooks redeliver), naming the payload's contact. It prints ``started <i> <run_id>
+new|dup`` for the first delivery of each (``erased <i>`` when a redelivery is refused because
+the runner erased the contact meanwhile), and ``batch <LAST>`` after each batch; EOF ends it.
 
 Crash points are armed from the environment (``ONWARD_CRASH_AT=point@n``): reaching one kills
 the process with SIGKILL, and no handler here runs -- that is the point. ``--standby`` keeps a
 warm spare: the process imports everything, prints ``standby`` and waits for one line
 ``go NAME SPEC`` on stdin (SPEC ``point@n[,point@n]``, or ``-`` for none), then arms the
 points (``crashpoints.arm``, exactly what the environment variable does at import) and starts
-as NAME. With ``--app-prefix`` its database connections carry
+as NAME; a worker then follows lines ``arm SPEC`` / ``disarm NAME`` on stdin (acknowledged by
+``armed SPEC`` / ``disarmed NAME``), which arm more points or disarm some while it runs. With ``--app-prefix`` its database connections carry
 ``application_name=<prefix><NAME>``. SIGUSR1 prints every task's stack (to see where a stalled
 process waits). Every line is flushed, so what was printed before a kill is in the log.
 """
@@ -47,6 +49,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import zlib
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -57,6 +60,7 @@ import psycopg
 from onward import crashpoints
 from onward.config import Settings
 from onward.engine import Engine
+from onward.errors import ContactErased
 from onward.testing.processes import Process, process_env
 
 _SETTINGS_FIELDS = {f.name for f in fields(Settings)}
@@ -200,6 +204,24 @@ def _wait_for_go(args: argparse.Namespace) -> None:
     print(f"go {name} crash_at={spec}", flush=True)
 
 
+def _follow_arming() -> None:
+    """After ``go``: lines ``arm SPEC`` / ``disarm NAME[,NAME]`` on stdin arm more points or
+    disarm some in this running process (``onward chaos`` arms every relay process at once);
+    each is acknowledged by ``armed SPEC`` / ``disarmed NAMES``. EOF ends it."""
+
+    def follow() -> None:
+        for line in sys.stdin:
+            verb, _, arg = line.strip().partition(" ")
+            if verb == "arm" and arg:
+                crashpoints.arm_also(arg)
+                print(f"armed {arg}", flush=True)
+            elif verb == "disarm" and arg:
+                crashpoints.disarm(*arg.split(","))
+                print(f"disarmed {arg}", flush=True)
+
+    threading.Thread(target=follow, name="onward-arming", daemon=True).start()
+
+
 def _dump_tasks() -> None:
     """SIGUSR1: print where every task of this process is waiting (to debug a stall)."""
     print(f"--- {len(asyncio.all_tasks())} tasks ---", flush=True)
@@ -239,6 +261,8 @@ async def run_worker(args: argparse.Namespace) -> None:
             loop.add_signal_handler(sig, on_signal, sig.name)
         loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
         armed = getattr(args, "armed", None) or os.environ.get("ONWARD_CRASH_AT") or "-"
+        if args.standby:
+            _follow_arming()
         print(f"ready {engine.id} crash_at={armed}", flush=True)
         await engine.run_background(svc)
         if svc.worker is not None:
@@ -247,10 +271,14 @@ async def run_worker(args: argparse.Namespace) -> None:
 
 
 async def _deliver(engine: Engine, automation: str, data: dict[str, Any], event: str) -> Any:
-    """One webhook delivery; a database error is answered like a 5xx: the sender redelivers."""
+    """One webhook delivery naming the payload's contact; a database error is answered like a
+    5xx: the sender redelivers. None: the contact was erased meanwhile (a redelivery after the
+    runner erased it is refused, as it should be)."""
     while True:
         try:
-            return await engine.start(automation, data, event_id=event)
+            return await engine.start(automation, data, event_id=event, contact_id=data["contact"])
+        except ContactErased:
+            return None
         except (psycopg.OperationalError, OSError) as exc:
             print(f"redeliver {event}: {type(exc).__name__}", flush=True)
             await asyncio.sleep(0.2)
@@ -270,6 +298,9 @@ async def run_starter(args: argparse.Namespace) -> None:
             for i in range(first, last):
                 started = await _deliver(engine, AUTOMATION, payload(i), event_id(i))
                 again = await _deliver(engine, AUTOMATION, payload(i), event_id(i))
+                if started is None or again is None:
+                    print(f"erased {i}", flush=True)  # its run was started before: acknowledged
+                    continue
                 if again.created or again.run_id != started.run_id:  # pragma: no cover
                     raise SystemExit(f"event {i}: a redelivery started a second run")
                 mark = "new" if started.created else "dup"
