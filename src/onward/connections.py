@@ -139,7 +139,8 @@ class Integrations:
             cur = await conn.execute(Q.get, args)
             if await cur.fetchone() is None:
                 raise UnknownConnection(org_id, connection_id)
-            cur = await conn.execute(Q.restore, args)
+            await conn.execute(Q.restore, args)
+            cur = await conn.execute(Q.resume_parked, args)
             return list(await cur.fetchall())
 
     async def probe(self, org_id: str, connection_id: str) -> str | None:
@@ -209,6 +210,14 @@ async def pseudonymise_suppressions(
     ).fetchone()
     assert row is not None
     return {"forgotten": int(row["forgotten"]), "added": int(row["added"])}
+
+
+async def usable_for_park(conn: Conn, org_id: str, connection_id: str) -> bool:
+    """In a park's transaction: is the connection usable again (restored meanwhile)? Read
+    under a share lock, so a restore is either seen here or waits and resumes the park."""
+    cur = await conn.execute(Q.lock_for_park, {"org_id": org_id, "connection_id": connection_id})
+    row = await cur.fetchone()
+    return row is not None and row["status"] == "ok"
 
 
 async def status_of(conn: Conn, org_id: str, connection_id: str) -> str | None:

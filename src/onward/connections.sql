@@ -38,22 +38,26 @@ to_notify AS (
 SELECT notification_id, subject FROM noted;
 
 -- name: restore
--- The customer reconnected: the connection is usable again, and every step parked on it
--- becomes ready (same step, next attempt) with a wake, in one transaction.
-WITH c AS (
-    UPDATE connections SET status = 'ok', broken_reason = NULL, updated_at = now()
-    WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
-    RETURNING org_id, connection_id
-),
-to_ready AS (
+-- The customer reconnected: the connection is usable again. Its own statement, first in the
+-- transaction: it takes the row lock a step parking on this connection waits for
+-- (lock_for_park), so resume_parked, a later statement with a later snapshot, sees every step
+-- parked before it.
+UPDATE connections SET status = 'ok', broken_reason = NULL, updated_at = now()
+WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
+RETURNING org_id, connection_id;
+
+-- name: resume_parked
+-- Every step parked on the restored connection becomes ready (same step, next attempt) with a
+-- wake, in restore's transaction.
+WITH to_ready AS (
     SELECT st.org_id, st.run_id, st.seq, 'parked' AS from_status, NULL::int AS attempt,
            now() AS available_at,
-           jsonb_build_object('by', 'reconnect', 'connection_id', c.connection_id) AS wake,
+           jsonb_build_object('by', 'reconnect', 'connection_id', %(connection_id)s::text) AS wake,
            NULL::jsonb AS error, 'step_resumed' AS event, NULL::text AS worker,
-           jsonb_build_object('by', 'reconnect', 'connection_id', c.connection_id) AS detail
-    FROM steps st JOIN c ON st.org_id = c.org_id
-    WHERE st.status = 'parked' AND st.wait_kind = 'reconnect'
-      AND st.error ->> 'connection' = c.connection_id
+           jsonb_build_object('by', 'reconnect', 'connection_id', %(connection_id)s::text) AS detail
+    FROM steps st
+    WHERE st.org_id = %(org_id)s AND st.status = 'parked' AND st.wait_kind = 'reconnect'
+      AND st.error ->> 'connection' = %(connection_id)s
 ),
 {{make_ready}},
 r AS (
@@ -62,6 +66,14 @@ r AS (
     WHERE runs.org_id = ready.org_id AND runs.run_id = ready.run_id AND runs.status = 'parked'
 )
 SELECT run_id, seq FROM ready;
+
+-- name: lock_for_park
+-- A step is about to park on this connection (its credentials were refused): read its status
+-- under a share lock. A restore that committed first is seen (the step goes on instead of
+-- parking); a restore that comes later waits for the park to commit, then resumes it.
+SELECT status FROM connections
+WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
+FOR SHARE;
 
 -- name: mark_checked
 -- A health probe answered.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from onward import approvals, leases, signals
+from onward import approvals, connections, leases, signals
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.leases import AdvanceSettle, Token
@@ -107,6 +107,19 @@ class Settler:
             async with conn.transaction():
                 if await self._cancelled_instead(conn, token, f"park:{t.wait_kind}"):
                     return True
+                connection = (
+                    (t.error or {}).get("connection") if t.wait_kind == "reconnect" else None
+                )
+                if connection and await connections.usable_for_park(
+                    conn, token.org_id, connection
+                ):  # restored while this step failed: go on at once instead of parking
+                    return await leases.settle_defer(
+                        conn,
+                        token,
+                        worker=self.worker,
+                        delay=0.0,
+                        detail={"why": "connection restored", "connection": connection},
+                    )
                 return await self._stop(conn, token, t)
 
     async def _stop(self, conn: Conn, token: Token, t: Stop) -> bool:

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from onward import Automation, RateLimited, ids, step_kind, timers
+from onward import AuthorizationError, Automation, RateLimited, ids, step_kind, timers
 from onward.engine import Engine
 from onward.kinds import StepContext
 from onward.sweep import Q as SWEEP_Q
@@ -172,3 +172,38 @@ def test_wake_id_functions_are_inlined(sql: psycopg.Connection, call: str, prefi
     plan = sql.execute(f"EXPLAIN VERBOSE SELECT {call} FROM generate_series(1, 2) AS x").fetchall()
     output = " ".join(str(row["QUERY PLAN"]) for row in plan)
     assert "onward_" not in output and prefix in output, output
+
+
+_RESTORED_DURING: list[Engine] = []
+
+
+@step_kind("test.restored_during_failure")
+async def _restored_during_failure(step: StepContext) -> None:
+    """Its call is refused for the connection's credentials -- and the customer reconnects
+    before the step's park is written (the race: read broken, restore commits, then park)."""
+    engine = _RESTORED_DURING[0]
+    if step.attempt == 1:
+        await engine.integrations.mark_broken(step.org_id, "mailbox", "revoked")
+        await engine.integrations.restore(step.org_id, "mailbox")
+        raise AuthorizationError("credentials refused", connection="mailbox")
+
+
+async def test_a_step_refused_while_its_connection_is_restored_goes_on_instead_of_parking(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
+    """A restore that commits between a step's refused call and its park would find nothing
+    parked to resume, and the park after it nothing to wake it. The park reads the connection
+    under a share lock (connections.sql lock_for_park): restored, the step is ready again at
+    once (a deferral, no attempt spent) and the run completes."""
+    _RESTORED_DURING[:] = [engine]
+    await engine.integrations.add_connection(
+        "test", "mailbox", provider="email", base_url="http://127.0.0.1:9", account="a", secret="s"
+    )
+    await engine.publish(Automation("restored").step("a", "test.restored_during_failure").build())
+    run_id = (await engine.start("restored", {}, event_id="r1")).run_id
+    async with engine.running():
+        assert await engine.wait(run_id, timeout=30) == "completed"
+    events = [r["event"] for r in history(sql, run_id)]
+    assert "step_parked" not in events and "step_deferred" in events, events
+    (row,) = sql.execute("SELECT failures, attempt FROM steps WHERE run_id = %s", (run_id,))
+    assert (row["failures"], row["attempt"]) == (0, 2), row
