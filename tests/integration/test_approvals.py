@@ -269,7 +269,10 @@ async def test_a_changed_draft_refuses_the_old_buttons_and_asks_again(
     async with engine.running():
         first = await slack.nth_message(1)
         # the draft is edited while the request waits (an operator's correction)
-        sql.execute(
+        # in a thread: a blocking write on this loop could wait for a lock that the engine's
+        # open transaction (on this same loop) holds, and never get it
+        await asyncio.to_thread(
+            sql.execute,
             "UPDATE runs SET ctx = jsonb_set(ctx, '{vars,draft}', %s) WHERE run_id = %s",
             (Jsonb("Hello Maya, corrected"), run_id),
         )
