@@ -6,12 +6,15 @@ tests); ``app_from_env`` is a uvicorn factory that opens its own engine from ``O
 
 The webhook (``POST /v1/hooks/{automation_id}``): the JSON body is the run's input. Providers
 deliver at least once, so every run has a start key and a second delivery is answered as a
-duplicate, never as an error (R1). The start key comes from, in this order:
+duplicate, never as an error (R1). An automation given secrets (``onward.intake``) requires the
+Standard Webhooks signature (401 otherwise); every organisation's intake is rate-limited (429
+with ``Retry-After``). The start key comes from, in this order:
 
-1. the ``X-Event-Id`` header -- the provider's event id (your adapter copies it there);
-2. the ``Idempotency-Key`` header -- the usual HTTP convention, same meaning;
-3. a top-level ``event_id`` field of the body (string or integer);
-4. otherwise a sha256 hash of the body. This is **weaker**: two genuinely separate
+1. the ``webhook-id`` header -- the Standard Webhooks message id (verified on a signed endpoint);
+2. the ``X-Event-Id`` header -- the provider's event id (your adapter copies it there);
+3. the ``Idempotency-Key`` header -- the usual HTTP convention, same meaning;
+4. a top-level ``event_id`` field of the body (string or integer);
+5. otherwise a sha256 hash of the body. This is **weaker**: two genuinely separate
    submissions with identical content collapse into one run. The answer says which kind of
    key was used (``start_key_kind``: ``event`` or ``payload_hash``).
 
