@@ -78,6 +78,10 @@ class Settings:
     #: finished runs are deleted this many days after they finished, unless their organisation
     #: sets its own (onward.retention); None keeps them forever (ONWARD_RETENTION_DAYS=forever)
     retention_days: float | None = 30.0
+    #: intake requests (webhooks) one organisation may send per window (onward.intake.admit);
+    #: 0: no limit. Over it: 429 with Retry-After
+    intake_limit: int = 10_000
+    intake_window_seconds: int = 10
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -101,6 +105,8 @@ class Settings:
             lane_policy=os.environ.get("ONWARD_LANE_POLICY") or None,
             budget_lease_seconds=_env_float("ONWARD_BUDGET_LEASE_SECONDS", 120.0),
             retention_days=_retention_days(os.environ.get("ONWARD_RETENTION_DAYS", "")),
+            intake_limit=_env_int("ONWARD_INTAKE_LIMIT", 10_000),
+            intake_window_seconds=_env_int("ONWARD_INTAKE_WINDOW_SECONDS", 10),
         )
         if os.environ.get("ONWARD_LANES"):
             s = replace(s, lanes=_lanes(os.environ["ONWARD_LANES"]))
@@ -118,6 +124,11 @@ class Settings:
             raise ConfigError(
                 f"ONWARD_RETENTION_DAYS={self.retention_days:g}: between 1 and 36525 days, "
                 "or forever"
+            )
+        if self.intake_limit < 0 or not 1 <= self.intake_window_seconds <= 3600:
+            raise ConfigError(
+                "ONWARD_INTAKE_LIMIT must be 0 (no limit) or more, "
+                "ONWARD_INTAKE_WINDOW_SECONDS between 1 and 3600"
             )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ConfigError("the heartbeat interval must be shorter than the lease")

@@ -24,6 +24,7 @@ from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the
 from onward import cancel as cancel_ops
 from onward import circuits as circuit_ops
 from onward import effect_kinds as _effect_kinds  # noqa: F401  (registers email.send, ...)
+from onward import intake as intake_ops
 from onward import lanes as lane_ops
 from onward import limits as limit_ops
 from onward import notify as notify_ops
@@ -763,3 +764,22 @@ class Engine:
         found = await notify_ops.retry(self.pool, self.org_id, notification_id)
         self._notify_kick.set()
         return found
+
+    # -- signed intake (issue 14, onward.intake) ------------------------------------------------
+    async def add_hook_secret(
+        self, automation_id: str, secret: str | None = None
+    ) -> dict[str, Any]:
+        """Require the Standard Webhooks signature on the automation's webhook endpoint with one
+        more secret (a new ``whsec_`` one when not given; returned here only). The others stay
+        valid (rotation). ``UnknownAutomation`` if it is not published, ``InvalidInput`` for a
+        malformed secret."""
+        return await intake_ops.add_secret(self.pool, self.org_id, automation_id, secret)
+
+    async def hook_secrets(self, automation_id: str | None = None) -> list[dict[str, Any]]:
+        """The webhook secrets (ids and when made; never the secret) of one or every automation."""
+        return await intake_ops.list_secrets(self.pool, self.org_id, automation_id)
+
+    async def remove_hook_secret(self, automation_id: str, secret_id: str) -> bool:
+        """Stop accepting that secret's signatures; False if there was none. With no secret
+        left the endpoint takes unsigned requests again."""
+        return await intake_ops.remove_secret(self.pool, self.org_id, automation_id, secret_id)

@@ -25,6 +25,10 @@ The hierarchy::
     │                               back the one that stands, if any
     ├── Unavailable                 the database cannot be reached now: try again later
     ├── PayloadTooLarge             an input/payload exceeds the configured limit; nothing stored
+    ├── SignatureRefused            a signed endpoint's request whose signature does not hold
+    │                               (no detail about which part: 401); nothing stored
+    ├── IntakeLimited               the organisation's intake rate is spent: try again after
+    │                               ``retry_after`` seconds (429 + Retry-After); nothing stored
     ├── QueueMisconfigured          the queue cannot be used safely (e.g. Redis may evict keys)
     ├── LeaseLost                   this worker's fencing token is stale: stop, write nothing
     └── StepError                   raised by step kinds and connectors to classify a failure
@@ -185,6 +189,24 @@ class PayloadTooLarge(OnwardError):
     def __init__(self, size: int, limit: int) -> None:
         self.size, self.limit = size, limit
         super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class SignatureRefused(OnwardError):
+    """A request to an endpoint that requires a signature carries none that holds. The message
+    never says which part failed (a missing header, the timestamp, the signature)."""
+
+    def __init__(self) -> None:
+        super().__init__("the request's webhook signature does not hold")
+
+
+class IntakeLimited(OnwardError):
+    """The organisation sent more intake requests than its window allows."""
+
+    def __init__(self, limit: int, window_s: int, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"more than {limit} intake requests in {window_s} s: try again after the window"
+        )
 
 
 class QueueMisconfigured(OnwardError):

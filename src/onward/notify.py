@@ -19,7 +19,8 @@ Destinations:
 
 * ``webhook``: a JSON POST signed as Standard Webhooks sign (``webhook-id``: the notification's
   stable id ``ntf_<n>``, ``webhook-timestamp``, ``webhook-signature: v1,<base64 HMAC-SHA256 of
-  "id.timestamp.body">`` with the destination's ``whsec_`` secret). httpx with a timeout shorter
+  "id.timestamp.body">`` with the destination's ``whsec_`` secret, made by the
+  ``standardwebhooks`` package). httpx with a timeout shorter
   than the lease, no redirects followed, and at most ``MAX_RESPONSE_BYTES`` of the answer read.
 * ``slack``: a message to a channel through a Slack connection (not idempotent: a crash after
   the post repeats the message once).
@@ -31,17 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import hmac
 import json
 import logging
 import random
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
+from standardwebhooks import Webhook
 
 from onward.backoff import full_jitter
 from onward.crashpoints import crash_point
@@ -76,10 +77,10 @@ def new_secret() -> str:
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    """The Standard Webhooks signature header value (``v1,<base64>``)."""
-    key = base64.b64decode(secret.removeprefix("whsec_"))
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    """The Standard Webhooks signature header value (``v1,<base64>``), made by the
+    ``standardwebhooks`` package (never by hand). ``body`` is UTF-8 JSON."""
+    when = datetime.fromtimestamp(timestamp, UTC)
+    return Webhook(secret).sign(msg_id, when, body.decode("utf-8"))
 
 
 # -- destinations ---------------------------------------------------------------------------

@@ -106,6 +106,18 @@ CONFIG = {
             "include-name": "GET /v1/operations/{operation_id}",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
         },
+        {  # an automation no generator published: 404; a secret not whsec_<base64>: 422
+            "include-name": "POST /v1/automations/{automation_id}/hook-secrets",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "422"]}},
+        },
+        {  # a secret id nobody added
+            "include-name": "DELETE /v1/automations/{automation_id}/hook-secrets/{secret_id}",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404"]}},
+        },
+        {  # an endpoint given a secret by an earlier case refuses the unsigned: 401
+            "include-name": "POST /v1/hooks/{automation_id}",
+            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "404"]}},
+        },
         {
             "include-name": "POST /v1/signals",
             "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "422"]}},

@@ -6,12 +6,15 @@ tests); ``app_from_env`` is a uvicorn factory that opens its own engine from ``O
 
 The webhook (``POST /v1/hooks/{automation_id}``): the JSON body is the run's input. Providers
 deliver at least once, so every run has a start key and a second delivery is answered as a
-duplicate, never as an error (R1). The start key comes from, in this order:
+duplicate, never as an error (R1). An automation given secrets (``onward.intake``) requires the
+Standard Webhooks signature (401 otherwise); every organisation's intake is rate-limited (429
+with ``Retry-After``). The start key comes from, in this order:
 
-1. the ``X-Event-Id`` header -- the provider's event id (your adapter copies it there);
-2. the ``Idempotency-Key`` header -- the usual HTTP convention, same meaning;
-3. a top-level ``event_id`` field of the body (string or integer);
-4. otherwise a sha256 hash of the body. This is **weaker**: two genuinely separate
+1. the ``webhook-id`` header -- the Standard Webhooks message id (verified on a signed endpoint);
+2. the ``X-Event-Id`` header -- the provider's event id (your adapter copies it there);
+3. the ``Idempotency-Key`` header -- the usual HTTP convention, same meaning;
+4. a top-level ``event_id`` field of the body (string or integer);
+5. otherwise a sha256 hash of the body. This is **weaker**: two genuinely separate
    submissions with identical content collapse into one run. The answer says which kind of
    key was used (``start_key_kind``: ``event`` or ``payload_hash``).
 
@@ -54,10 +57,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onward import intake as intake_ops
 from onward.api import actions as action_routes
 from onward.api import cancel as cancel_routes
 from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
+from onward.api import hooks as hook_routes
 from onward.api import migrations as migration_routes
 from onward.api import notify as notify_routes
 from onward.api import people as people_routes
@@ -89,12 +94,14 @@ from onward.errors import (
     ActionRefused,
     ContactErased,
     DecisionRefused,
+    IntakeLimited,
     InvalidAutomation,
     InvalidInput,
     MigrationRefused,
     OnwardError,
     PayloadTooLarge,
     SignalRefused,
+    SignatureRefused,
     Unavailable,
     UnknownApproval,
     UnknownAutomation,
@@ -328,6 +335,8 @@ ERRORS: dict[type[OnwardError], tuple[int, str]] = {
     ContactErased: (409, "contact_erased"),
     DecisionRefused: (409, "decision_refused"),
     InvalidInput: (422, "invalid_input"),
+    SignatureRefused: (401, "unauthorized"),
+    IntakeLimited: (429, "rate_limited"),
 }
 HTTP_ERRORS = {
     400: "bad_request",
@@ -336,6 +345,7 @@ HTTP_ERRORS = {
     405: "method_not_allowed",
     413: "payload_too_large",
     422: "invalid_request",
+    429: "rate_limited",
 }
 
 
@@ -392,6 +402,10 @@ def _install_error_handlers(app: FastAPI) -> None:
             if isinstance(exc, cls):
                 if isinstance(exc, MigrationRefused):  # every reason, one a line
                     return _error(status, name, str(exc), problems=exc.problems)
+                if isinstance(exc, IntakeLimited):
+                    response = _error(status, name, str(exc))
+                    response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+                    return response
                 return _error(status, name, str(exc))
         raise exc  # not the caller's fault: CatchAll logs it and answers 500
 
@@ -416,6 +430,8 @@ ERROR_DESCRIPTIONS = {
     409: "Refused in the state the resource is in (recorded); the detail says why",
     413: "The body is larger than the limit; nothing was stored",
     422: "The request cannot be accepted as sent; nothing was stored",
+    429: "Too many requests from this organisation in the window; nothing was stored. "
+    "Try again after Retry-After seconds",
     500: "An internal error (logged)",
     503: "The database cannot be reached; nothing was changed. Try again later",
 }
@@ -433,7 +449,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     answer: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
         answer[status] = {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[status]}
-        if status == 503:
+        if status in (429, 503):
             answer[status]["headers"] = RETRY_AFTER_HEADER
     return answer
 
@@ -462,6 +478,36 @@ IdempotencyKeyHeader = Annotated[
         pattern=NO_NUL,
         max_length=MAX_EVENT_ID,
         description="the same, by the usual HTTP name (X-Event-Id wins)",
+    ),
+]
+
+
+WebhookIdHeader = Annotated[
+    str | None,
+    Header(
+        alias="webhook-id",
+        pattern=NO_NUL,
+        max_length=MAX_EVENT_ID,
+        description="Standard Webhooks: the message id, the start key (first of all; verified "
+        "when the endpoint requires a signature)",
+    ),
+]
+WebhookTimestampHeader = Annotated[
+    str | None,
+    Header(
+        alias="webhook-timestamp",
+        pattern=NO_NUL,
+        max_length=MAX_EVENT_ID,
+        description="Standard Webhooks: seconds since the epoch (signed endpoints)",
+    ),
+]
+WebhookSignatureHeader = Annotated[
+    str | None,
+    Header(
+        alias="webhook-signature",
+        pattern=NO_NUL,
+        max_length=4096,
+        description="Standard Webhooks: `v1,<base64>` signatures, space-separated",
     ),
 ]
 
@@ -564,6 +610,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         responses={
             200: {"model": StartAnswer, "description": "A duplicate delivery: the same run"},
             **NOT_FOUND,
+            **_errors(401, 429),
         },
         openapi_extra=_request_body(
             {"application/json": {"schema": {"type": "object", "description": "the run's input"}}},
@@ -577,17 +624,39 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         response: Response,
         x_event_id: EventIdHeader = None,
         idempotency_key: IdempotencyKeyHeader = None,
+        webhook_id: WebhookIdHeader = None,
+        webhook_timestamp: WebhookTimestampHeader = None,
+        webhook_signature: WebhookSignatureHeader = None,
     ) -> Any:
         """Start a run from a webhook delivery; the JSON body is the run's input.
 
-        Start key: header ``X-Event-Id``, else header ``Idempotency-Key``, else the body's
-        ``event_id`` field, else a hash of the body (weaker: identical payloads collapse).
-        202 for a new run, 200 with ``duplicate: true`` and the same run id for a repeat."""
+        An endpoint given secrets (``/v1/automations/{automation_id}/hook-secrets``) requires
+        the Standard Webhooks signature of the body's exact bytes under one of them: 401 with
+        no detail otherwise. Each organisation's intake is rate-limited: 429 with
+        ``Retry-After``. Start key: header ``webhook-id``, else ``X-Event-Id``, else
+        ``Idempotency-Key``, else the body's ``event_id`` field, else a hash of the body
+        (weaker: identical payloads collapse). 202 for a new run, 200 with ``duplicate: true``
+        and the same run id for a repeat."""
+        settings = org.engine.settings
+        pool, org_id = org.engine.pool, org.org_id
+        await org.write(
+            lambda: intake_ops.admit(
+                pool,
+                org_id,
+                limit=settings.intake_limit,
+                window_s=settings.intake_window_seconds,
+            )
+        )
         raw = await request.body()
+        await org.read(lambda: intake_ops.verify(pool, org_id, automation_id, request.headers, raw))
         payload = parse_json(raw, "body") if raw.strip() else {}
         if not isinstance(payload, dict):
             raise InvalidInput("body: must be a JSON object (the run's input)")
-        headers = {"X-Event-Id": x_event_id, "Idempotency-Key": idempotency_key}
+        headers = {
+            "webhook-id": webhook_id,
+            "X-Event-Id": x_event_id,
+            "Idempotency-Key": idempotency_key,
+        }
         event_id = event_id_of(headers, payload)
         started = await org.start(automation_id, payload, event_id=event_id)
         if not started.created:
@@ -720,6 +789,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(retention_routes.router())
     app.include_router(notify_routes.router())
     app.include_router(cancel_routes.router())
+    app.include_router(hook_routes.router())
     _document_automation_schema(app)
     return app
 

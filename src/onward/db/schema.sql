@@ -208,6 +208,22 @@ CREATE TABLE history (
     CONSTRAINT history_pkey PRIMARY KEY (org_id, run_id, event_id)
 );
 
+CREATE TABLE hook_secrets (
+    org_id text NOT NULL,
+    automation_id text NOT NULL,
+    secret_id text NOT NULL,
+    secret text NOT NULL,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT hook_secrets_pkey PRIMARY KEY (org_id, automation_id, secret_id)
+);
+
+CREATE TABLE intake_windows (
+    org_id text NOT NULL,
+    window_start timestamp with time zone NOT NULL,
+    requests integer NOT NULL,
+    CONSTRAINT intake_windows_pkey PRIMARY KEY (org_id, window_start)
+);
+
 CREATE TABLE leader_leases (
     org_id text NOT NULL DEFAULT '_system'::text,
     name text NOT NULL,
