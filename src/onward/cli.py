@@ -818,6 +818,7 @@ from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers ab
 from onward.cli_notify import notifications_app  # noqa: E402  (uses the helpers above)
 from onward.cli_retention import retention_app  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
+from onward.cli_vault import keys_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
 app.command()(cli_people.signal)  # onward signal NAME --id E --run R | --key K
@@ -837,6 +838,7 @@ app.add_typer(retention_app)  # onward retention show|set|prune
 app.add_typer(notifications_app)  # onward notifications set|destinations|remove|list|retry
 app.command()(cli_cancel.cancel)  # onward cancel RUN... | --automation A [--version V] ...
 app.add_typer(cli_cancel.operations_app)  # onward operations [list|show|resume]
+app.add_typer(keys_app)  # onward keys new-key|rotate-secrets
 
 # -- entry point -----------------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ from onward.errors import (
     MigrationRefused,
     OnwardError,
     PayloadTooLarge,
+    SecretUnreadable,
     SignalRefused,
     Unavailable,
     UnknownApproval,
@@ -328,6 +329,7 @@ ERRORS: dict[type[OnwardError], tuple[int, str]] = {
     ContactErased: (409, "contact_erased"),
     DecisionRefused: (409, "decision_refused"),
     InvalidInput: (422, "invalid_input"),
+    SecretUnreadable: (409, "secret_unreadable"),
 }
 HTTP_ERRORS = {
     400: "bad_request",
