@@ -164,7 +164,8 @@ async def set_destination(
     target: str | None = None,
 ) -> dict[str, Any]:
     """Create or replace a destination (checked first: ``InvalidInput``, nothing stored).
-    A webhook without a secret gets a new one, returned here (and only here). ``backlog``:
+    A webhook without a secret gets a new one, returned here (and only here; a secret given is
+    not returned). ``backlog``:
     notifications still undelivered that it will now receive."""
     fields = {"url": None, "secret": None, "connection_id": None, "target": None}
     fields |= _destination(kind, url=url, secret=secret, connection_id=connection_id, target=target)
@@ -178,7 +179,8 @@ async def set_destination(
         args["secret"] = await vault.seal_opt(conn, org_id, SECRET, fields["secret"])
         row = await (await conn.execute(Q.set_destination, args)).fetchone()
     assert row is not None
-    return dict(row) | {"secret": fields["secret"]}  # the plain secret, answered this once
+    # A secret onward made is answered this once; one the caller gave is not echoed back.
+    return dict(row) | {"secret": fields["secret"] if secret is None else None}
 
 
 async def destinations(pool: Pool, org_id: str) -> list[dict[str, Any]]:
