@@ -37,7 +37,7 @@ from typing import Any, Literal
 from itsdangerous import BadSignature, URLSafeSerializer
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from onward import ids, signals
+from onward import ids, signals, vault
 from onward.automations.document import StepDef
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
@@ -53,6 +53,7 @@ Q = Queries(__package__, "approvals.sql")
 DECISIONS = {"approve": "approved", "reject": "rejected"}
 TOKEN_SALT = "onward.approval"
 SECRET_NAME = "approval_tokens"
+SECRET_PURPOSE = "engine_secrets.approval_tokens"  # kept encrypted (onward.vault)
 MAX_CONTENT = 3000  # Slack's section text limit
 
 
@@ -70,14 +71,12 @@ async def token_secret(pool: Pool, configured: str | None = None) -> str:
         return configured
     for _ in range(2):  # a concurrent first creation is read on the second try
         async with pool.connection() as conn:
+            made = await vault.seal(conn, "_system", SECRET_PURPOSE, pysecrets.token_urlsafe(32))
             row = await (
-                await conn.execute(
-                    Q.secret, {"name": SECRET_NAME, "secret": pysecrets.token_urlsafe(32)}
-                )
+                await conn.execute(Q.secret, {"name": SECRET_NAME, "secret": made})
             ).fetchone()
-        if row is not None:
-            secret: str = row["secret"]
-            return secret
+            if row is not None:
+                return await vault.unseal(conn, "_system", SECRET_PURPOSE, row["secret"])
     raise RuntimeError("the approval secret could not be read")
 
 

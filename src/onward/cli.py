@@ -819,6 +819,7 @@ from onward.cli_hooks import hooks_app  # noqa: E402  (uses the helpers above)
 from onward.cli_notify import notifications_app  # noqa: E402  (uses the helpers above)
 from onward.cli_retention import retention_app  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
+from onward.cli_vault import keys_app  # noqa: E402  (uses the helpers above)
 
 app.add_typer(timers_app)
 app.command()(cli_people.signal)  # onward signal NAME --id E --run R | --key K
@@ -839,6 +840,7 @@ app.add_typer(notifications_app)  # onward notifications set|destinations|remove
 app.command()(cli_cancel.cancel)  # onward cancel RUN... | --automation A [--version V] ...
 app.add_typer(cli_cancel.operations_app)  # onward operations [list|show|resume]
 app.add_typer(hooks_app)  # onward hooks secret add|list|remove
+app.add_typer(keys_app)  # onward keys new-key|rotate-secrets
 
 # -- entry point -----------------------------------------------------------------------------
 

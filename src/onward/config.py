@@ -118,6 +118,9 @@ class Settings:
         from onward.lanes import policies  # late: onward.lanes imports the automations package
 
         policies(dict(self.lanes), self.lane_policy, lease_seconds=self.lease_seconds)
+        from onward.vault import configured_keys  # late: onward.vault imports onward.db
+
+        configured_keys()  # a malformed ONWARD_SECRET_KEYS stops the process at start
         if self.queue not in QUEUES:
             raise ConfigError(f"ONWARD_QUEUE={self.queue!r}: choose one of {', '.join(QUEUES)}")
         if self.retention_days is not None and not 1 <= self.retention_days <= 36_525:

@@ -19,14 +19,24 @@ from typing import Any
 
 import httpx
 
-from onward import pseudonyms
+from onward import pseudonyms, vault
 from onward.connectors import Connection, Connector, get_connector_class
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.effects import Effects
-from onward.errors import AuthorizationError, PermanentError, StepError, UnknownConnection
+from onward.errors import (
+    AuthorizationError,
+    PermanentError,
+    RetryableError,
+    SecretUnreadable,
+    StepError,
+    UnknownConnection,
+)
 
 Q = Queries(__package__, "connections.sql")
+
+SECRET = "connections.secret"  # the purposes the vault binds each column's values to
+SIGNING_SECRET = "connections.signing_secret"
 
 NotifyHook = Callable[[str, dict[str, Any]], Awaitable[None]]
 
@@ -80,30 +90,52 @@ class Integrations:
         """Connect an account (or replace its credentials). ``signing_secret``: what the
         provider signs its callbacks to us with (Slack's interactivity requests)."""
         get_connector_class(provider)  # refuse an unknown provider before storing anything
-        await self._one(
-            Q.upsert,
-            {
-                "org_id": org_id,
-                "connection_id": connection_id,
-                "provider": provider,
-                "base_url": base_url,
-                "account": account,
-                "secret": secret,
-                "signing_secret": signing_secret,
-            },
-        )
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                Q.upsert,
+                {
+                    "org_id": org_id,
+                    "connection_id": connection_id,
+                    "provider": provider,
+                    "base_url": base_url,
+                    "account": account,
+                    "secret": await vault.seal(conn, org_id, SECRET, secret),
+                    "signing_secret": await vault.seal_opt(
+                        conn, org_id, SIGNING_SECRET, signing_secret
+                    ),
+                },
+            )
+
+    async def _get(self, org_id: str, connection_id: str) -> dict[str, Any] | None:
+        """One connection with its secrets decrypted (``SecretUnreadable`` if they cannot be)."""
+        async with self.pool.connection() as conn:
+            args = {"org_id": org_id, "connection_id": connection_id}
+            row: dict[str, Any] | None = await (await conn.execute(Q.get, args)).fetchone()
+            if row is None:
+                return None
+            return row | {
+                "secret": await vault.unseal(conn, org_id, SECRET, row["secret"]),
+                "signing_secret": await vault.unseal_opt(
+                    conn, org_id, SIGNING_SECRET, row["signing_secret"]
+                ),
+            }
 
     async def signing_secret(self, org_id: str, connection_id: str) -> str | None:
         """The secret a connection's provider signs its callbacks with (None: none stored)."""
-        row = await self._one(Q.get, {"org_id": org_id, "connection_id": connection_id})
+        row = await self._get(org_id, connection_id)
         if row is None:
             raise UnknownConnection(org_id, connection_id)
         secret: str | None = row["signing_secret"]
         return secret
 
     async def connector(self, org_id: str, connection_id: str) -> Connector:
-        """The connector for a usable connection; parks the step if it is known broken."""
-        row = await self._one(Q.get, {"org_id": org_id, "connection_id": connection_id})
+        """The connector for a usable connection; parks the step if it is known broken. A
+        secret this process cannot decrypt (its key not configured here) is retried: another
+        process may hold the key."""
+        try:
+            row = await self._get(org_id, connection_id)
+        except SecretUnreadable as exc:
+            raise RetryableError(str(exc)) from None
         if row is None:
             raise PermanentError(f"no connection {connection_id!r} in organisation {org_id!r}")
         return self._connector(connection_id, row)
@@ -147,7 +179,7 @@ class Integrations:
         """Check a connection ahead of time. Returns None when healthy, else the reason (and
         marks it broken, so the customer is told before a run needs it).
         ``UnknownConnection`` if there is no such connection."""
-        row = await self._one(Q.get, {"org_id": org_id, "connection_id": connection_id})
+        row = await self._get(org_id, connection_id)
         if row is None:
             raise UnknownConnection(org_id, connection_id)
         try:
@@ -210,6 +242,38 @@ async def pseudonymise_suppressions(
     ).fetchone()
     assert row is not None
     return {"forgotten": int(row["forgotten"]), "added": int(row["added"])}
+
+
+async def rotate_batch(conn: Conn, after: Any, limit: int) -> tuple[int, int, Any]:
+    """``onward keys rotate-secrets``: re-encrypt the next ``limit`` connections after the
+    cursor ``after`` (``(org_id, connection_id)``) under the current key, in the caller's
+    transaction. Returns (scanned, re-encrypted, the cursor or None when done)."""
+    last_org, last_id = after or ("", "")
+    rows = await (
+        await conn.execute(
+            Q.secrets_batch, {"after_org": last_org, "after_id": last_id, "limit": limit}
+        )
+    ).fetchall()
+    changed = 0
+    for row in rows:
+        org_id = row["org_id"]
+        secret = await vault.reseal(conn, org_id, SECRET, row["secret"])
+        signing = row["signing_secret"] and await vault.reseal(
+            conn, org_id, SIGNING_SECRET, row["signing_secret"]
+        )
+        if secret is not None or signing:
+            await conn.execute(
+                Q.update_secrets,
+                {
+                    "org_id": org_id,
+                    "connection_id": row["connection_id"],
+                    "secret": secret or row["secret"],
+                    "signing_secret": signing or row["signing_secret"],
+                },
+            )
+            changed += 1
+    last = (rows[-1]["org_id"], rows[-1]["connection_id"]) if len(rows) == limit else None
+    return len(rows), changed, last
 
 
 async def usable_for_park(conn: Conn, org_id: str, connection_id: str) -> bool:

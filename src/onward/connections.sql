@@ -116,3 +116,17 @@ added AS (
     RETURNING contact
 )
 SELECT (SELECT count(*) FROM gone) AS forgotten, (SELECT count(*) FROM added) AS added;
+
+-- name: secrets_batch
+-- onward keys rotate-secrets: the next batch of connections after the cursor, in key order,
+-- locked for the batch's transaction.
+SELECT org_id, connection_id, secret, signing_secret FROM connections
+WHERE (org_id, connection_id) > (%(after_org)s, %(after_id)s)
+ORDER BY org_id, connection_id
+LIMIT %(limit)s
+FOR UPDATE;
+
+-- name: update_secrets
+-- Store a connection's secrets re-encrypted under the current key (no other column changes).
+UPDATE connections SET secret = %(secret)s, signing_secret = %(signing_secret)s
+WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;

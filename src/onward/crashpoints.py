@@ -37,6 +37,7 @@ POINTS = {
     "circuit.before_close": "the probe's call succeeded (effect settled); the circuit still half-open",
     "budget.after_reserve": "a call's maximum cost reserved (committed); the call not yet made",
     "migrate.in_batch": "a migration batch moved its runs; batch and progress not yet committed",
+    "vault.between_batches": "a rotate-secrets batch re-encrypted and committed; the next not yet",
     "erasure.after_record": "erasure recorded, runs cancelled and pseudonymised; no run erased yet",
     "erasure.after_run": "one run of an erased contact erased (committed); the others not yet",
     "notify.after_send": "a destination acknowledged a notification; delivered_at not yet written",

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from onward import circuits, notify, retention, signals
+from onward import circuits, notify, retention, signals, vault
 from onward.db.migrate import verify
 from onward.db.sql import Queries
+from onward.errors import ConfigError
 
 if TYPE_CHECKING:
     from onward.engine import Engine
@@ -201,6 +202,7 @@ async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -
             else "no live sweeper: timers fire only through their wake jobs",
         )
     )
+    checks.append(await _secrets_check(engine))
     queue_problems = await engine.queue.health()
     checks.append(
         Check(
@@ -240,6 +242,33 @@ async def _retention_check(conn: Any, default_days: float | None) -> Check:
             for r in rows
         },
         detail,
+    )
+
+
+async def _secrets_check(engine: Engine) -> Check:
+    """Which key encrypts stored secrets (``onward.vault``): one from ``ONWARD_SECRET_KEYS``, or
+    -- a warning -- the key the database keeps for itself; and how many stored secrets are
+    not yet under the current key (``onward keys rotate-secrets``)."""
+    try:
+        behind = await vault.not_current(engine.pool)
+        mode = vault.mode()
+    except ConfigError as exc:
+        return Check("secrets_at_rest", False, "misconfigured", str(exc))
+    local = not vault.configured_keys()
+    detail = mode + (
+        f"; {behind} stored secret(s) not under it (onward keys rotate-secrets)" if behind else ""
+    )
+    if local:
+        detail += (
+            " -- WARNING: the key sits beside the data, so a copy of the whole database reads "
+            "every secret; set ONWARD_SECRET_KEYS (onward keys new-key) in production"
+        )
+    return Check(
+        "secrets_at_rest",
+        not local and not behind,
+        {"mode": "database" if local else "environment", "not_current": behind},
+        detail,
+        warning=True,  # secrets are encrypted either way; this is about where the key lives
     )
 
 

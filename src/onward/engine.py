@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from onward import actions, erasure, timers
+from onward import actions, erasure, timers, vault
 from onward import approvals as approval_ops  # (also registers the approval kind)
 from onward import budgets as budget_ops
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
@@ -783,3 +783,9 @@ class Engine:
         """Stop accepting that secret's signatures; False if there was none. With no secret
         left the endpoint takes unsigned requests again."""
         return await intake_ops.remove_secret(self.pool, self.org_id, automation_id, secret_id)
+
+    async def rotate_secrets(self, *, batch: int = 500) -> dict[str, dict[str, int]]:
+        """Re-encrypt every stored secret, of every organisation, under the current (first) key
+        of ``ONWARD_SECRET_KEYS`` in batches of ``batch`` rows (each one transaction);
+        idempotent. An operator's action, not an organisation's (``onward.vault``)."""
+        return await vault.rotate_secrets(self.pool, batch=batch)

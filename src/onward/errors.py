@@ -13,6 +13,9 @@ The hierarchy::
     ├── UnknownSchedule             no schedule with that id on that automation
     ├── UnknownApproval             no approval request with that id in that organisation
     ├── UnknownOperation            no bulk operation with that id in that organisation
+    ├── SecretUnreadable            a stored secret cannot be decrypted: its key is not
+    │                               configured, or it was copied from another organisation
+    │                               or column (the value is never shown)
     ├── MigrationRefused            a migration's map or policy does not fit the versions;
     │                               ``problems`` lists why; no run was moved
     ├── ActionRefused               an operator action does not apply to the run as it is now
@@ -107,6 +110,19 @@ class UnknownConnection(OnwardError):
     def __init__(self, org_id: str, connection_id: str) -> None:
         self.org_id, self.connection_id = org_id, connection_id
         super().__init__(f"unknown connection {connection_id!r} in organisation {org_id!r}")
+
+
+class SecretUnreadable(OnwardError):
+    """A stored secret cannot be decrypted (``onward.vault``): the key it was encrypted under is
+    not in ``ONWARD_SECRET_KEYS``, or the value does not belong to this organisation and
+    column (copied from another row) or was altered. Nothing was changed; the message names
+    the organisation and the column, never the value."""
+
+    def __init__(self, org_id: str, purpose: str, why: str) -> None:
+        self.org_id, self.purpose = org_id, purpose
+        super().__init__(
+            f"the {purpose} secret of organisation {org_id!r} cannot be decrypted: {why}"
+        )
 
 
 class UnknownSchedule(OnwardError):

@@ -33,12 +33,14 @@ from typing import Any
 
 from standardwebhooks import Webhook
 
+from onward import vault
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import IntakeLimited, InvalidInput, SignatureRefused
 from onward.inputs import check_text
 
 Q = Queries(__package__, "intake.sql")
+SECRET = "hook_secrets.secret"  # the purpose in the associated data (onward.vault)
 
 SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
 MIN_SECRET_BYTES = 24
@@ -75,7 +77,7 @@ async def _store_secret(
             "org_id": org_id,
             "automation_id": automation_id,
             "secret_id": secret_id,
-            "secret": secret,
+            "secret": await vault.seal(conn, org_id, SECRET, secret),
         },
     )
     row = await cur.fetchone()
@@ -85,7 +87,41 @@ async def _store_secret(
 
 async def _load_secrets(conn: Conn, org_id: str, automation_id: str) -> list[str]:
     cur = await conn.execute(Q.load_secrets, {"org_id": org_id, "automation_id": automation_id})
-    return [row["secret"] for row in await cur.fetchall()]
+    return [await vault.unseal(conn, org_id, SECRET, row["secret"]) for row in await cur.fetchall()]
+
+
+async def rotate_batch(conn: Conn, after: Any, limit: int) -> tuple[int, int, Any]:
+    """``onward keys rotate-secrets``: re-encrypt the next ``limit`` webhook secrets after the
+    cursor ``after`` (``(org_id, automation_id, secret_id)``) under the current key, in the
+    caller's transaction. Returns (scanned, re-encrypted, the cursor or None when done)."""
+    last = after or ("", "", "")
+    rows = await (
+        await conn.execute(
+            Q.secrets_batch,
+            {
+                "after_org": last[0],
+                "after_automation": last[1],
+                "after_id": last[2],
+                "limit": limit,
+            },
+        )
+    ).fetchall()
+    changed = 0
+    for row in rows:
+        sealed = await vault.reseal(conn, row["org_id"], SECRET, row["secret"])
+        if sealed is not None:
+            await conn.execute(
+                Q.update_secret,
+                {**{k: row[k] for k in ("org_id", "automation_id", "secret_id")}, "secret": sealed},
+            )
+            changed += 1
+    if len(rows) < limit:
+        return len(rows), changed, None
+    return (
+        len(rows),
+        changed,
+        (rows[-1]["org_id"], rows[-1]["automation_id"], rows[-1]["secret_id"]),
+    )
 
 
 # -- configuring an endpoint ------------------------------------------------------------------

@@ -45,3 +45,15 @@ ON CONFLICT (org_id, window_start) DO UPDATE SET requests = w.requests + 1
 RETURNING requests,
           extract(epoch FROM w.window_start + make_interval(secs => %(window_s)s) - now())::float8
               AS seconds_left;
+
+-- name: secrets_batch
+-- onward keys rotate-secrets: the next page of webhook secrets of every organisation, by key.
+SELECT org_id, automation_id, secret_id, secret FROM hook_secrets
+WHERE (org_id, automation_id, secret_id) > (%(after_org)s, %(after_automation)s, %(after_id)s)
+ORDER BY org_id, automation_id, secret_id
+LIMIT %(limit)s;
+
+-- name: update_secret
+-- onward keys rotate-secrets: the same secret, encrypted under the current key.
+UPDATE hook_secrets SET secret = %(secret)s
+WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND secret_id = %(secret_id)s;

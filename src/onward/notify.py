@@ -44,11 +44,12 @@ import httpx
 import psycopg
 from standardwebhooks import Webhook
 
+from onward import vault
 from onward.backoff import full_jitter
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
-from onward.errors import InvalidInput, StepError
+from onward.errors import InvalidInput, SecretUnreadable, StepError
 from onward.inputs import check_text
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ MAX_RESPONSE_BYTES = 64 * 1024  # of a receiver's answer: read no more (kept: 20
 MAX_URL = 2048
 ID_PATTERN_TEXT = "letters, digits, '_', '.', '-' (at most 64, starting with a letter or digit)"
 SENDER = "notifications@onward.invalid"  # the From of notification emails
+SECRET = "notification_destinations.secret"  # the purpose the vault binds the secret to
 
 
 def webhook_id(notification_id: int) -> str:
@@ -163,7 +165,8 @@ async def set_destination(
     target: str | None = None,
 ) -> dict[str, Any]:
     """Create or replace a destination (checked first: ``InvalidInput``, nothing stored).
-    A webhook without a secret gets a new one, returned here (and only here). ``backlog``:
+    A webhook without a secret gets a new one, returned here (and only here; a secret given is
+    not returned). ``backlog``:
     notifications still undelivered that it will now receive."""
     fields = {"url": None, "secret": None, "connection_id": None, "target": None}
     fields |= _destination(kind, url=url, secret=secret, connection_id=connection_id, target=target)
@@ -174,9 +177,11 @@ async def set_destination(
         **fields,
     }
     async with pool.connection() as conn:
+        args["secret"] = await vault.seal_opt(conn, org_id, SECRET, fields["secret"])
         row = await (await conn.execute(Q.set_destination, args)).fetchone()
     assert row is not None
-    return dict(row)
+    # A secret onward made is answered this once; one the caller gave is not echoed back.
+    return dict(row) | {"secret": fields["secret"] if secret is None else None}
 
 
 async def destinations(pool: Pool, org_id: str) -> list[dict[str, Any]]:
@@ -200,6 +205,27 @@ async def _complete(conn: Conn, org_id: str, notification_ids: list[int]) -> Non
     args = {"org_id": org_id, "notification_ids": notification_ids}
     await conn.execute(Q.lock_notifications, args)
     await conn.execute(Q.complete, args)
+
+
+async def rotate_batch(conn: Conn, after: Any, limit: int) -> tuple[int, int, Any]:
+    """``onward keys rotate-secrets``: re-encrypt the next ``limit`` destinations' secrets after
+    the cursor ``after`` (``(org_id, destination_id)``) under the current key, in the caller's
+    transaction. Returns (scanned, re-encrypted, the cursor or None when done)."""
+    last_org, last_id = after or ("", "")
+    rows = await (
+        await conn.execute(
+            Q.secrets_batch, {"after_org": last_org, "after_id": last_id, "limit": limit}
+        )
+    ).fetchall()
+    changed = 0
+    for row in rows:
+        new = await vault.reseal(conn, row["org_id"], SECRET, row["secret"])
+        if new is not None:
+            args = {"org_id": row["org_id"], "destination_id": row["destination_id"]}
+            await conn.execute(Q.update_secret, args | {"secret": new})
+            changed += 1
+    last = (rows[-1]["org_id"], rows[-1]["destination_id"]) if len(rows) == limit else None
+    return len(rows), changed, last
 
 
 # -- reading and retrying -----------------------------------------------------------------------
@@ -312,6 +338,14 @@ class DeliveryRelay:
         args = {"limit": self.batch, "lease": self.lease, "worker": self.worker_id}
         async with self.pool.connection() as conn:  # autocommit: the claim commits here
             rows = list(await (await conn.execute(Q.claim, args)).fetchall())
+            for row in rows:
+                if row["secret"] is not None:
+                    try:
+                        row["secret"] = await vault.unseal(
+                            conn, row["org_id"], SECRET, row["secret"]
+                        )
+                    except SecretUnreadable as exc:  # the attempt fails with the reason
+                        row["secret"], row["secret_error"] = None, str(exc)
         if rows:
             await asyncio.gather(*(self._deliver(row) for row in rows))
         return len(rows)
@@ -346,6 +380,8 @@ class DeliveryRelay:
         return Outcome(True)
 
     async def _post(self, row: dict[str, Any]) -> Outcome:
+        if row["secret"] is None:
+            return Outcome(False, error=row.get("secret_error", "no signing secret")[:500])
         msg_id = webhook_id(row["notification_id"])
         body = json.dumps(payload(row), separators=(",", ":"), default=str).encode()
         timestamp = int(row["now_epoch"])  # the database's clock

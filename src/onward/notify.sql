@@ -179,3 +179,17 @@ intents AS (
 )
 DELETE FROM notifications n USING old
 WHERE n.org_id = old.org_id AND n.notification_id = old.notification_id;
+
+-- name: secrets_batch
+-- onward keys rotate-secrets: the next batch of destinations with a secret after the cursor,
+-- in key order, locked for the batch's transaction.
+SELECT org_id, destination_id, secret FROM notification_destinations
+WHERE (org_id, destination_id) > (%(after_org)s, %(after_id)s) AND secret IS NOT NULL
+ORDER BY org_id, destination_id
+LIMIT %(limit)s
+FOR UPDATE;
+
+-- name: update_secret
+-- Store a destination's secret re-encrypted under the current key (nothing else changes).
+UPDATE notification_destinations SET secret = %(secret)s
+WHERE org_id = %(org_id)s AND destination_id = %(destination_id)s;

@@ -13,7 +13,9 @@ Under a key, a digest alone -- the suppression list exported, a log line, a back
 table -- says nothing. The key lives in the same database, so someone holding the whole
 database can still test a guess; that is the limit of what this protects.
 
-The key is never taken from the environment and never rotated: a different key would make
+The key is kept encrypted (:mod:`onward.vault`, rotated with ``onward keys rotate-secrets``
+like every stored secret: the same key, re-encrypted). The key itself is never taken from the
+environment and never replaced: a different key would make
 every stored pseudonym stop matching, and erased people would be contacted again.
 """
 
@@ -24,6 +26,7 @@ import hmac
 import secrets
 import unicodedata
 
+from onward import vault
 from onward.db import Conn
 from onward.db.sql import Queries
 
@@ -31,6 +34,7 @@ Q = Queries(__package__, "pseudonyms.sql")
 
 PREFIX = "hmac-sha256:"
 KEY_NAME = "pseudonym_key"
+PURPOSE = "engine_secrets.pseudonym_key"  # kept encrypted (onward.vault)
 
 
 def normalise(identifier: str) -> str:
@@ -54,9 +58,8 @@ async def key(conn: Conn, org_id: str) -> str:
     for _ in range(3):
         row = await (await conn.execute(Q.read_key, args)).fetchone()
         if row is None:
-            made = {**args, "secret": secrets.token_urlsafe(32)}
-            row = await (await conn.execute(Q.make_key, made)).fetchone()
+            sealed = await vault.seal(conn, org_id, PURPOSE, secrets.token_urlsafe(32))
+            row = await (await conn.execute(Q.make_key, {**args, "secret": sealed})).fetchone()
         if row is not None:
-            found: str = row["secret"]
-            return found
+            return await vault.unseal(conn, org_id, PURPOSE, row["secret"])
     raise RuntimeError(f"the pseudonym key of organisation {org_id!r} could not be read")

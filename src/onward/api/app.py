@@ -100,6 +100,7 @@ from onward.errors import (
     MigrationRefused,
     OnwardError,
     PayloadTooLarge,
+    SecretUnreadable,
     SignalRefused,
     SignatureRefused,
     Unavailable,
@@ -337,6 +338,7 @@ ERRORS: dict[type[OnwardError], tuple[int, str]] = {
     InvalidInput: (422, "invalid_input"),
     SignatureRefused: (401, "unauthorized"),
     IntakeLimited: (429, "rate_limited"),
+    SecretUnreadable: (409, "secret_unreadable"),
 }
 HTTP_ERRORS = {
     400: "bad_request",

@@ -47,7 +47,10 @@ class DestinationSet(BaseModel):
     url: str | None
     connection_id: str | None
     target: str | None
-    secret: str | None = Field(description="the webhook's signing secret: shown here only")
+    secret: str | None = Field(
+        description="the webhook's signing secret when onward made it: shown here only "
+        "(a secret sent in the request is not echoed back)"
+    )
     backlog: int = Field(description="notifications still undelivered that now go there too")
 
 
