@@ -179,7 +179,24 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    return asyncio.run(_acting(coro))
+
+
+def cli_actor() -> str:
+    """Who acts from the CLI (the audit's actor): ``$ONWARD_OPERATOR``, else the login name."""
+    import getpass
+
+    try:
+        return os.environ.get("ONWARD_OPERATOR") or getpass.getuser()
+    except Exception:  # no login name (a container without a user entry)
+        return "operator"
+
+
+async def _acting(coro: Coroutine[Any, Any, T]) -> T:
+    from onward import audit
+
+    audit.act_as(cli_actor())  # in this run's own context: nothing leaks to the caller's
+    return await coro
 
 
 def _progress(line: str) -> None:
