@@ -15,6 +15,7 @@
     onward review resolve RUN --happened --reference REF | --retry | --skip   [--by WHO]
     onward resume RUN [--by WHO]        a parked run's step is ready again
     onward fork RUN [--from-step STEP] [--version V] [--by WHO]   retry a failed run, as a new one
+    onward audit [--action A] [--since T] [--before ID] [--json]   who changed what, newest first
     onward sandbox [--host H --port P]  the fake providers, for trying connectors
 
 Global options (before the command) override the environment: ``--app`` (ONWARD_APP: import
@@ -831,6 +832,7 @@ def chaos(
 # -- command groups in their own modules -------------------------------------------------------
 
 from onward import cli_actions, cli_cancel, cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
+from onward.cli_audit import audit as audit_command  # noqa: E402  (uses the helpers above)
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
 from onward.cli_notify import notifications_app  # noqa: E402  (uses the helpers above)
 from onward.cli_retention import retention_app  # noqa: E402  (uses the helpers above)
@@ -854,6 +856,7 @@ app.add_typer(retention_app)  # onward retention show|set|prune
 app.add_typer(notifications_app)  # onward notifications set|destinations|remove|list|retry
 app.command()(cli_cancel.cancel)  # onward cancel RUN... | --automation A [--version V] ...
 app.add_typer(cli_cancel.operations_app)  # onward operations [list|show|resume]
+app.command("audit")(audit_command)  # onward audit [--action A] [--since T] [--json]
 
 # -- entry point -----------------------------------------------------------------------------
 
