@@ -22,7 +22,8 @@ Workers never wait on the pruner: it touches only finished runs, which no claim 
 touches, and it never waits on them (``SKIP LOCKED``). Not a run's rows, and so kept:
 ``circuits.probe_run_id`` (a half-open circuit whose probe is gone picks another one),
 ``schedules.last_run_id``, ``runs.forked_from`` and ``operations.after_run_id`` (pointers, not
-records), and sent outbox rows (the relay prunes those within the hour).
+records), sent outbox rows (the relay prunes those within the hour), and ``audit`` rows (a
+record of who changed what, not run data: an audit row may name a pruned run).
 """
 
 from __future__ import annotations
