@@ -4,11 +4,24 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from onward.audit import ACTIONS, MAX_LIMIT
 
 Action = Literal[ACTIONS]  # type: ignore[valid-type]
+
+
+def _iso_instant(value: Any) -> Any:
+    """An ISO 8601 instant only (a bare number is not one, as the schema says)."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("an ISO 8601 instant") from None
+    return value
+
+
+Instant = Annotated[datetime, BeforeValidator(_iso_instant)]
 
 
 class AuditRow(BaseModel):
@@ -37,7 +50,7 @@ def router() -> APIRouter:
     async def list_audit(
         org: OrgDep,
         action: Annotated[Action | None, Query(description="only this action")] = None,
-        since: Annotated[datetime | None, Query(description="only rows at or after")] = None,
+        since: Annotated[Instant | None, Query(description="only rows at or after")] = None,
         before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
     ) -> Any:
