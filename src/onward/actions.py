@@ -48,7 +48,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from onward import circuits, connections, effects, policy, signals
+from onward import audit, circuits, connections, effects, policy, signals
 from onward.automations.versions import VersionCache
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -222,6 +222,14 @@ async def resolve_review(
             detail=detail,
             worker=worker,
         )
+        await audit.record(
+            conn,
+            org_id,
+            actor=by,
+            action="resolve_review",
+            target=run_id,
+            detail={"how": how, "step": step["step_id"], "effects": keys, "reference": reference},
+        )
     return {**ready, "status": "active", **detail}
 
 
@@ -295,6 +303,14 @@ async def resume(
             wake={"by": "operator", "operator": by},
             detail=detail,
             worker=worker,
+        )
+        await audit.record(
+            conn,
+            org_id,
+            actor=by,
+            action="resume",
+            target=run_id,
+            detail={"step": step["step_id"], "was": step["wait_kind"]},
         )
     return {**ready, "status": "active", **detail}
 

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from itsdangerous import BadSignature, URLSafeSerializer
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from onward import ids, signals, vault
+from onward import audit, ids, signals, vault
 from onward.automations.document import StepDef
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
@@ -406,22 +406,43 @@ async def _refused(
 # -- who may decide ------------------------------------------------------------------------------
 
 
-async def grant(pool: Pool, org_id: str, approver: str, scope: str = "*") -> dict[str, Any]:
+async def grant(
+    pool: Pool, org_id: str, approver: str, scope: str = "*", *, actor: str | None = None
+) -> dict[str, Any]:
     check_text(approver, "approver")
     check_text(scope, "scope")
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, conn.transaction():
         row = await (
             await conn.execute(Q.grant, {"org_id": org_id, "approver": approver, "scope": scope})
         ).fetchone()
-    assert row is not None
+        assert row is not None
+        await audit.record(
+            conn,
+            org_id,
+            actor=audit.actor(actor),
+            action="approver_grant",
+            target=approver,
+            detail={"automation_id": scope},
+        )
     return dict(row)
 
 
-async def revoke(pool: Pool, org_id: str, approver: str, scope: str = "*") -> dict[str, Any] | None:
-    async with pool.connection() as conn:
+async def revoke(
+    pool: Pool, org_id: str, approver: str, scope: str = "*", *, actor: str | None = None
+) -> dict[str, Any] | None:
+    async with pool.connection() as conn, conn.transaction():
         row = await (
             await conn.execute(Q.revoke, {"org_id": org_id, "approver": approver, "scope": scope})
         ).fetchone()
+        if row is not None:
+            await audit.record(
+                conn,
+                org_id,
+                actor=audit.actor(actor),
+                action="approver_revoke",
+                target=approver,
+                detail={"automation_id": scope},
+            )
     return dict(row) if row else None
 
 

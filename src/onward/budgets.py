@@ -17,6 +17,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from onward import audit
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -96,7 +97,14 @@ async def release(pool: Pool, org_id: str, effect_key: str) -> None:
 
 
 async def set_budget(
-    pool: Pool, org_id: str, scope: str, unit: str, per_day: float, *, worker: str
+    pool: Pool,
+    org_id: str,
+    scope: str,
+    unit: str,
+    per_day: float,
+    *,
+    worker: str,
+    actor: str | None = None,
 ) -> dict[str, Any]:
     """Set a budget per day; the steps parked on budgets are resumed (each checks again)."""
     if unit not in UNITS:
@@ -104,12 +112,26 @@ async def set_budget(
     if per_day < 0:
         raise InvalidInput("per_day: 0 or more")
     async with pool.connection() as conn:
-        row = await (
-            await conn.execute(
-                Q.set_budget,
-                {"org_id": org_id, "scope": scope, "unit": unit, "per_day": Decimal(str(per_day))},
+        async with conn.transaction():  # the budget and its audit row
+            row = await (
+                await conn.execute(
+                    Q.set_budget,
+                    {
+                        "org_id": org_id,
+                        "scope": scope,
+                        "unit": unit,
+                        "per_day": Decimal(str(per_day)),
+                    },
+                )
+            ).fetchone()
+            await audit.record(
+                conn,
+                org_id,
+                actor=audit.actor(actor),
+                action="budget_set",
+                target=scope,
+                detail={"unit": unit, "per_day": per_day},
             )
-        ).fetchone()
         await resume_parked(conn, org_id, worker=worker, reason=f"budget {scope} set")
     assert row is not None
     return dict(row)

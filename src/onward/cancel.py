@@ -29,7 +29,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from onward import approvals, effects, operations, signals, timers
+from onward import approvals, audit, effects, operations, signals, timers
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import InvalidInput, UnknownRun
@@ -106,9 +106,19 @@ async def _interrupted_effect(conn: Conn, step: dict[str, Any], args: dict[str, 
 async def cancel_run(
     pool: Pool, org_id: str, run_id: str, *, by: str, reason: str | None = None
 ) -> dict[str, Any]:
-    """Cancel one run (its own transaction)."""
+    """Cancel one run (its own transaction, with its audit row when it changed the run)."""
     async with pool.connection() as conn, conn.transaction():
-        return await cancel_in_tx(conn, org_id, run_id, by=by, reason=reason)
+        got = await cancel_in_tx(conn, org_id, run_id, by=by, reason=reason)
+        if got["outcome"] in ("cancelled", "cancel_requested"):
+            await audit.record(
+                conn,
+                org_id,
+                actor=by,
+                action="cancel",
+                target=run_id,
+                detail={"outcome": got["outcome"]},
+            )
+        return got
 
 
 def check_filter(params: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from onward import audit
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -131,25 +132,25 @@ async def configure(
     threshold: int = 5,
     window_seconds: float = 30.0,
     cooldown_seconds: float = 30.0,
+    actor: str | None = None,
 ) -> dict[str, Any]:
     if key.partition(":")[0] not in ("connection", "provider") or not key.partition(":")[2]:
         raise InvalidInput(f"circuit key {key!r}: connection:<id> or provider:<name>")
     if threshold < 1 or window_seconds <= 0 or cooldown_seconds <= 0:
         raise InvalidInput("threshold at least 1; window and cool-down more than 0 seconds")
-    async with pool.connection() as conn:
+    wanted = {
+        "threshold": threshold,
+        "window_seconds": window_seconds,
+        "cooldown_seconds": cooldown_seconds,
+    }
+    async with pool.connection() as conn, conn.transaction():
         row = await (
-            await conn.execute(
-                Q.configure,
-                {
-                    "org_id": org_id,
-                    "key": key,
-                    "threshold": threshold,
-                    "window_seconds": window_seconds,
-                    "cooldown_seconds": cooldown_seconds,
-                },
-            )
+            await conn.execute(Q.configure, {"org_id": org_id, "key": key, **wanted})
         ).fetchone()
-    assert row is not None
+        assert row is not None
+        await audit.record(
+            conn, org_id, actor=audit.actor(actor), action="circuit_set", target=key, detail=wanted
+        )
     return dict(row)
 
 

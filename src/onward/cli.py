@@ -15,6 +15,7 @@
     onward review resolve RUN --happened --reference REF | --retry | --skip   [--by WHO]
     onward resume RUN [--by WHO]        a parked run's step is ready again
     onward fork RUN [--from-step STEP] [--version V] [--by WHO]   retry a failed run, as a new one
+    onward audit [--action A] [--since T] [--before ID] [--json]   who changed what, newest first
     onward sandbox [--host H --port P]  the fake providers, for trying connectors
 
 Global options (before the command) override the environment: ``--app`` (ONWARD_APP: import
@@ -179,7 +180,24 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    return asyncio.run(_acting(coro))
+
+
+def cli_actor() -> str:
+    """Who acts from the CLI (the audit's actor): ``$ONWARD_OPERATOR``, else the login name."""
+    import getpass
+
+    try:
+        return os.environ.get("ONWARD_OPERATOR") or getpass.getuser()
+    except Exception:  # no login name (a container without a user entry)
+        return "operator"
+
+
+async def _acting(coro: Coroutine[Any, Any, T]) -> T:
+    from onward import audit
+
+    audit.act_as(cli_actor())  # in this run's own context: nothing leaks to the caller's
+    return await coro
 
 
 def _progress(line: str) -> None:
@@ -814,6 +832,7 @@ def chaos(
 # -- command groups in their own modules -------------------------------------------------------
 
 from onward import cli_actions, cli_cancel, cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
+from onward.cli_audit import audit as audit_command  # noqa: E402  (uses the helpers above)
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
 from onward.cli_hooks import hooks_app  # noqa: E402  (uses the helpers above)
 from onward.cli_notify import notifications_app  # noqa: E402  (uses the helpers above)
@@ -841,6 +860,7 @@ app.command()(cli_cancel.cancel)  # onward cancel RUN... | --automation A [--ver
 app.add_typer(cli_cancel.operations_app)  # onward operations [list|show|resume]
 app.add_typer(hooks_app)  # onward hooks secret add|list|remove
 app.add_typer(keys_app)  # onward keys new-key|rotate-secrets
+app.command("audit")(audit_command)  # onward audit [--action A] [--since T] [--json]
 
 # -- entry point -----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from onward import pseudonyms, vault
+from onward import audit, pseudonyms, vault
 from onward.connectors import Connection, Connector, get_connector_class
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -86,11 +86,13 @@ class Integrations:
         account: str,
         secret: str,
         signing_secret: str | None = None,
+        actor: str | None = None,
     ) -> None:
         """Connect an account (or replace its credentials). ``signing_secret``: what the
-        provider signs its callbacks to us with (Slack's interactivity requests)."""
+        provider signs its callbacks to us with (Slack's interactivity requests). Audited
+        (``connection_add``, never a secret) in the same transaction."""
         get_connector_class(provider)  # refuse an unknown provider before storing anything
-        async with self.pool.connection() as conn:
+        async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(
                 Q.upsert,
                 {
@@ -104,6 +106,14 @@ class Integrations:
                         conn, org_id, SIGNING_SECRET, signing_secret
                     ),
                 },
+            )
+            await audit.record(
+                conn,
+                org_id,
+                actor=audit.actor(actor),
+                action="connection_add",
+                target=connection_id,
+                detail={"provider": provider, "base_url": base_url, "account": account},
             )
 
     async def _get(self, org_id: str, connection_id: str) -> dict[str, Any] | None:
@@ -163,7 +173,9 @@ class Integrations:
         if row is not None and self.notify is not None:
             await self.notify(row["subject"], {"connection_id": connection_id, "reason": reason})
 
-    async def restore(self, org_id: str, connection_id: str) -> list[dict[str, Any]]:
+    async def restore(
+        self, org_id: str, connection_id: str, *, actor: str | None = None
+    ) -> list[dict[str, Any]]:
         """Mark usable and resume every run parked on it; returns the resumed (run_id, seq).
         ``UnknownConnection`` if there is no such connection (nothing is changed)."""
         args = {"org_id": org_id, "connection_id": connection_id}
@@ -173,7 +185,16 @@ class Integrations:
                 raise UnknownConnection(org_id, connection_id)
             await conn.execute(Q.restore, args)
             cur = await conn.execute(Q.resume_parked, args)
-            return list(await cur.fetchall())
+            resumed = list(await cur.fetchall())
+            await audit.record(
+                conn,
+                org_id,
+                actor=audit.actor(actor),
+                action="connection_restore",
+                target=connection_id,
+                detail={"resumed": len(resumed)},
+            )
+            return resumed
 
     async def probe(self, org_id: str, connection_id: str) -> str | None:
         """Check a connection ahead of time. Returns None when healthy, else the reason (and

@@ -15,10 +15,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from onward import actions, erasure, timers, vault
 from onward import approvals as approval_ops  # (also registers the approval kind)
+from onward import audit as audit_ops
 from onward import budgets as budget_ops
 from onward import builtin_kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
 from onward import cancel as cancel_ops
@@ -121,16 +123,23 @@ class Engine:
             await pool.close()
 
     # -- the library API -------------------------------------------------------------------
-    async def publish(self, document: dict[str, Any] | AutomationDoc) -> Published:
-        return await publish(self.pool, self.org_id, document, registry=self.registry)
+    async def publish(
+        self, document: dict[str, Any] | AutomationDoc, *, actor: str | None = None
+    ) -> Published:
+        return await publish(self.pool, self.org_id, document, registry=self.registry, actor=actor)
 
     async def publish_all(
-        self, documents: Sequence[tuple[str, dict[str, Any] | AutomationDoc]]
+        self,
+        documents: Sequence[tuple[str, dict[str, Any] | AutomationDoc]],
+        *,
+        actor: str | None = None,
     ) -> list[Published]:
         """Publish several documents, each named by its source (a file name), in one
         transaction: all or none. ``InvalidAutomation`` lists every problem, prefixed by its
         source, and nothing is stored."""
-        return await publish_all(self.pool, self.org_id, list(documents), registry=self.registry)
+        return await publish_all(
+            self.pool, self.org_id, list(documents), registry=self.registry, actor=actor
+        )
 
     async def start(
         self,
@@ -310,15 +319,21 @@ class Engine:
     async def approval(self, approval_id: str) -> dict[str, Any]:
         return await approval_ops.get(self.pool, self.org_id, approval_id)
 
-    async def grant_approver(self, approver: str, *, automation_id: str = "*") -> dict[str, Any]:
+    async def grant_approver(
+        self, approver: str, *, automation_id: str = "*", actor: str | None = None
+    ) -> dict[str, Any]:
         """Let ``approver`` decide (for one automation, or every one): checked at click time."""
-        return await approval_ops.grant(self.pool, self.org_id, approver, automation_id)
+        return await approval_ops.grant(
+            self.pool, self.org_id, approver, automation_id, actor=actor
+        )
 
     async def revoke_approver(
-        self, approver: str, *, automation_id: str = "*"
+        self, approver: str, *, automation_id: str = "*", actor: str | None = None
     ) -> dict[str, Any] | None:
         """Take the permission away: a click after this is refused, whatever was sent."""
-        return await approval_ops.revoke(self.pool, self.org_id, approver, automation_id)
+        return await approval_ops.revoke(
+            self.pool, self.org_id, approver, automation_id, actor=actor
+        )
 
     async def approvers(self) -> list[dict[str, Any]]:
         return await approval_ops.list_approvers(self.pool, self.org_id)
@@ -462,6 +477,7 @@ class Engine:
         max_concurrent: int | None = None,
         calls: int | None = None,
         per_seconds: float | None = None,
+        actor: str | None = None,
     ) -> dict[str, Any]:
         """Cap the calls in progress at once under ``key`` (``connection:<id>``,
         ``provider:<name>``, ``org``) and/or their rate (``calls`` per ``per_seconds``), across
@@ -473,10 +489,11 @@ class Engine:
             max_concurrent=max_concurrent,
             calls=calls,
             per_seconds=per_seconds,
+            actor=actor,
         )
 
-    async def remove_limit(self, key: str) -> bool:
-        return await limit_ops.remove_limit(self.pool, self.org_id, key)
+    async def remove_limit(self, key: str, *, actor: str | None = None) -> bool:
+        return await limit_ops.remove_limit(self.pool, self.org_id, key, actor=actor)
 
     async def limits(self) -> list[dict[str, Any]]:
         return await limit_ops.list_limits(self.pool, self.org_id)
@@ -488,6 +505,7 @@ class Engine:
         threshold: int = 5,
         window_seconds: float = 30.0,
         cooldown_seconds: float = 30.0,
+        actor: str | None = None,
     ) -> dict[str, Any]:
         """Set when ``key``'s circuit opens (``threshold`` failures in ``window_seconds``) and
         how long it stays open before one probe (``cooldown_seconds``)."""
@@ -498,16 +516,19 @@ class Engine:
             threshold=threshold,
             window_seconds=window_seconds,
             cooldown_seconds=cooldown_seconds,
+            actor=actor,
         )
 
     async def circuits(self) -> list[dict[str, Any]]:
         return await circuit_ops.list_circuits(self.pool, self.org_id)
 
-    async def set_budget(self, scope: str, unit: str, per_day: float) -> dict[str, Any]:
+    async def set_budget(
+        self, scope: str, unit: str, per_day: float, *, actor: str | None = None
+    ) -> dict[str, Any]:
         """A cost budget per day (UTC) for the organisation (``scope='*'``) or one automation,
         in ``usd`` or ``tokens``. Steps parked on budgets resume (each checks again)."""
         return await budget_ops.set_budget(
-            self.pool, self.org_id, scope, unit, per_day, worker=self.id
+            self.pool, self.org_id, scope, unit, per_day, worker=self.id, actor=actor
         )
 
     async def budgets(self) -> list[dict[str, Any]]:
@@ -515,7 +536,7 @@ class Engine:
 
     # -- retention: finished runs deleted after an age (onward.retention) ----------------------
     async def set_retention(
-        self, days: float | None = None, *, keep_forever: bool = False
+        self, days: float | None = None, *, keep_forever: bool = False, actor: str | None = None
     ) -> dict[str, Any]:
         """Delete this organisation's finished runs ``days`` after they finished (at least 1);
         ``keep_forever=True`` keeps them; neither: the engine's default
@@ -526,6 +547,7 @@ class Engine:
             days,
             keep_forever=keep_forever,
             default_days=self.settings.retention_days,
+            actor=actor,
         )
 
     async def retention(self) -> dict[str, Any]:
@@ -728,6 +750,7 @@ class Engine:
         secret: str | None = None,
         connection_id: str | None = None,
         target: str | None = None,
+        actor: str | None = None,
     ) -> dict[str, Any]:
         """Send this organisation's notifications to a webhook (``url``; signed with ``secret``,
         a new ``whsec_`` one when not given, returned here only), a Slack channel or an email
@@ -742,14 +765,35 @@ class Engine:
             secret=secret,
             connection_id=connection_id,
             target=target,
+            actor=actor,
         )
 
     async def notification_destinations(self) -> list[dict[str, Any]]:
         return await notify_ops.destinations(self.pool, self.org_id)
 
-    async def remove_notification_destination(self, destination_id: str) -> bool:
+    async def remove_notification_destination(
+        self, destination_id: str, *, actor: str | None = None
+    ) -> bool:
         """Stop sending there (its undelivered intents go); False if there was none."""
-        return await notify_ops.remove_destination(self.pool, self.org_id, destination_id)
+        return await notify_ops.remove_destination(
+            self.pool, self.org_id, destination_id, actor=actor
+        )
+
+    # -- audit (issue 14): who changed what, and when (onward.audit) ---------------------------
+    async def audit(
+        self,
+        *,
+        limit: int = 50,
+        action: str | None = None,
+        since: datetime | str | None = None,
+        before: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """This organisation's audit rows, newest first (``audit_id``, ``at``, ``actor``,
+        ``action``, ``target``, ``detail``); ``before`` (an ``audit_id``) pages on. Raises
+        ``InvalidInput`` for an unknown action, a bad instant or limit."""
+        return await audit_ops.page(
+            self.pool, self.org_id, limit=limit, action=action, since=since, before=before
+        )
 
     async def notifications(
         self, *, undelivered: bool = False, limit: int = 50

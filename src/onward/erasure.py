@@ -49,7 +49,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from onward import cancel, connections, pseudonyms, signals
+from onward import audit, cancel, connections, pseudonyms, signals
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -180,6 +180,14 @@ async def _record(
                 "was_erased": r["erased"],
             }
         )
+    await audit.record(  # the pseudonym only: never the contact's id or identifiers
+        conn,
+        org_id,
+        actor=by,
+        action="erase",
+        target=subject,
+        detail={"runs": len(runs), "requests": row["requests"]},
+    )
     needles = _needles(contact_id, identifiers)
     run_ids = [r["run_id"] for r in runs]
     await conn.execute(

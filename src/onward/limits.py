@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from onward import audit
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import Deferred, InvalidInput
@@ -163,6 +164,7 @@ async def set_limit(
     max_concurrent: int | None = None,
     calls: int | None = None,
     per_seconds: float | None = None,
+    actor: str | None = None,
 ) -> dict[str, Any]:
     """Set a key's limits (``calls`` and ``per_seconds`` together); raises ``InvalidInput``."""
     check_key(key)
@@ -174,26 +176,25 @@ async def set_limit(
         raise InvalidInput("max_concurrent: at least 1")
     if calls is not None and (calls < 1 or per_seconds is None or per_seconds <= 0):
         raise InvalidInput("calls: at least 1, per_seconds: more than 0")
-    async with pool.connection() as conn:
+    wanted = {"max_concurrent": max_concurrent, "calls": calls, "per_seconds": per_seconds}
+    async with pool.connection() as conn, conn.transaction():
         row = await (
-            await conn.execute(
-                Q.set_limit,
-                {
-                    "org_id": org_id,
-                    "key": key,
-                    "max_concurrent": max_concurrent,
-                    "calls": calls,
-                    "per_seconds": per_seconds,
-                },
-            )
+            await conn.execute(Q.set_limit, {"org_id": org_id, "key": key, **wanted})
         ).fetchone()
-    assert row is not None
+        assert row is not None
+        await audit.record(
+            conn, org_id, actor=audit.actor(actor), action="limit_set", target=key, detail=wanted
+        )
     return dict(row)
 
 
-async def remove_limit(pool: Pool, org_id: str, key: str) -> bool:
-    async with pool.connection() as conn:
+async def remove_limit(pool: Pool, org_id: str, key: str, *, actor: str | None = None) -> bool:
+    async with pool.connection() as conn, conn.transaction():
         row = await (await conn.execute(Q.remove_limit, {"org_id": org_id, "key": key})).fetchone()
+        if row is not None:
+            await audit.record(
+                conn, org_id, actor=audit.actor(actor), action="limit_remove", target=key
+            )
     return row is not None
 
 

@@ -44,7 +44,7 @@ import httpx
 import psycopg
 from standardwebhooks import Webhook
 
-from onward import vault
+from onward import audit, vault
 from onward.backoff import full_jitter
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
@@ -163,6 +163,7 @@ async def set_destination(
     secret: str | None = None,
     connection_id: str | None = None,
     target: str | None = None,
+    actor: str | None = None,
 ) -> dict[str, Any]:
     """Create or replace a destination (checked first: ``InvalidInput``, nothing stored).
     A webhook without a secret gets a new one, returned here (and only here; a secret given is
@@ -172,14 +173,22 @@ async def set_destination(
     fields |= _destination(kind, url=url, secret=secret, connection_id=connection_id, target=target)
     args = {
         "org_id": org_id,
-        "destination_id": check_destination_id(destination_id),
+        "destination_id": (destination_id := check_destination_id(destination_id)),
         "kind": kind,
         **fields,
     }
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, conn.transaction():
         args["secret"] = await vault.seal_opt(conn, org_id, SECRET, fields["secret"])
         row = await (await conn.execute(Q.set_destination, args)).fetchone()
-    assert row is not None
+        assert row is not None
+        await audit.record(  # never its secret
+            conn,
+            org_id,
+            actor=audit.actor(actor),
+            action="notify_destination_set",
+            target=destination_id,
+            detail={k: v for k, v in {"kind": kind, **fields}.items() if k != "secret" and v},
+        )
     # A secret onward made is answered this once; one the caller gave is not echoed back.
     return dict(row) | {"secret": fields["secret"] if secret is None else None}
 
@@ -189,7 +198,9 @@ async def destinations(pool: Pool, org_id: str) -> list[dict[str, Any]]:
         return list(await (await conn.execute(Q.destinations, {"org_id": org_id})).fetchall())
 
 
-async def remove_destination(pool: Pool, org_id: str, destination_id: str) -> bool:
+async def remove_destination(
+    pool: Pool, org_id: str, destination_id: str, *, actor: str | None = None
+) -> bool:
     """Remove it and the intents it had not received; False if there was none."""
     args = {"org_id": org_id, "destination_id": destination_id}
     async with pool.connection() as conn, conn.transaction():
@@ -198,6 +209,15 @@ async def remove_destination(pool: Pool, org_id: str, destination_id: str) -> bo
         ids = list(row["notification_ids"])
         if ids:
             await _complete(conn, org_id, ids)
+        if row["removed"]:
+            await audit.record(
+                conn,
+                org_id,
+                actor=audit.actor(actor),
+                action="notify_destination_remove",
+                target=destination_id,
+                detail={"undelivered_dropped": len(ids)},
+            )
     return bool(row["removed"])
 
 

@@ -31,7 +31,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from onward import ids
+from onward import audit, ids, pseudonyms
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import InvalidInput, UnknownOperation
@@ -66,7 +66,7 @@ async def begin(
     """Record a new operation (not yet driven)."""
     if kind not in KINDS:
         raise InvalidInput(f"unknown operation kind {kind!r}")
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, conn.transaction():
         row = await (
             await conn.execute(
                 Q.create,
@@ -80,8 +80,31 @@ async def begin(
                 },
             )
         ).fetchone()
-    assert row is not None
+        assert row is not None
+        await audit.record(  # the request, with the operation it starts, in one transaction
+            conn,
+            org_id,
+            actor=requested_by,
+            action=AUDIT_ACTIONS[kind],
+            target=row["operation_id"],
+            detail=await _audit_detail(conn, org_id, params),
+        )
     return dict(row)
+
+
+AUDIT_ACTIONS = {"cancel": "cancel_many", "migrate": "migrate"}
+_NOT_AUDITED = ("by", "reason", "max_passes", "pass_pause_s")
+
+
+async def _audit_detail(conn: Conn, org_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    """An operation's parameters for its audit row: a contact named by a filter appears as its
+    pseudonym only (an erasure leaves no identifier in audit)."""
+    detail = {k: v for k, v in params.items() if k not in _NOT_AUDITED and v is not None}
+    if isinstance(detail.get("contact_id"), str):
+        detail["contact_id"] = pseudonyms.digest(
+            await pseudonyms.key(conn, org_id), detail["contact_id"]
+        )
+    return detail
 
 
 async def drive(

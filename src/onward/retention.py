@@ -22,7 +22,8 @@ Workers never wait on the pruner: it touches only finished runs, which no claim 
 touches, and it never waits on them (``SKIP LOCKED``). Not a run's rows, and so kept:
 ``circuits.probe_run_id`` (a half-open circuit whose probe is gone picks another one),
 ``schedules.last_run_id``, ``runs.forked_from`` and ``operations.after_run_id`` (pointers, not
-records), and sent outbox rows (the relay prunes those within the hour).
+records), sent outbox rows (the relay prunes those within the hour), and ``audit`` rows (a
+record of who changed what, not run data: an audit row may name a pruned run).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from onward import audit
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import InvalidInput
@@ -86,14 +88,23 @@ async def set_days(
     *,
     keep_forever: bool = False,
     default_days: float | None,
+    actor: str | None = None,
 ) -> dict[str, Any]:
     """Set the organisation's bound: ``days``, ``keep_forever``, or neither for the engine's
     default. Answers :func:`show`."""
     if keep_forever and days is not None:
         raise InvalidInput("give days or keep_forever, not both")
     value = math.inf if keep_forever else check_days(days)
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, conn.transaction():
         await conn.execute(Q.set_days, {"org_id": org_id, "days": value})
+        await audit.record(
+            conn,
+            org_id,
+            actor=audit.actor(actor),
+            action="retention_set",
+            target=org_id,
+            detail={"days": "forever" if value == math.inf else value},
+        )
     return await show(pool, org_id, default_days=default_days)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from onward import erasure, ids
+from onward import audit, erasure, ids
 from onward.automations.versions import VersionCache
 from onward.crashpoints import crash_point
 from onward.db import Pool
@@ -159,7 +159,17 @@ async def fork_run(pool: Pool, org_id: str, plan: ForkPlan, *, by: str) -> Start
         "by": by,
     }
     async with pool.connection() as conn:
-        row = await (await conn.execute(Q.fork_run, args)).fetchone()
+        async with conn.transaction():  # the fork and its audit row commit together
+            row = await (await conn.execute(Q.fork_run, args)).fetchone()
+            if row is not None:
+                await audit.record(
+                    conn,
+                    org_id,
+                    actor=by,
+                    action="fork",
+                    target=plan.from_run_id,
+                    detail={"run_id": row["run_id"], "step": plan.step_id, "version": plan.version},
+                )
         if row is not None:
             return Started(row["run_id"], True, start_key)
         dup = await (

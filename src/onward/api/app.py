@@ -57,8 +57,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onward import audit
 from onward import intake as intake_ops
 from onward.api import actions as action_routes
+from onward.api import audit as audit_routes
 from onward.api import cancel as cancel_routes
 from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
@@ -178,7 +180,11 @@ class Org:
 async def get_org(
     engine: Annotated[Engine, Depends(get_engine)], org_id: Annotated[str, Depends(current_org)]
 ) -> Org:
+    audit.act_as(API_ACTOR)  # this request's audit actor (an API key's id once keys exist)
     return Org(engine, org_id)
+
+
+API_ACTOR = "api"
 
 
 OrgDep = Annotated[Org, Depends(get_org)]
@@ -789,6 +795,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(contact_routes.router())
     app.include_router(action_routes.router())
     app.include_router(retention_routes.router())
+    app.include_router(audit_routes.router())
     app.include_router(notify_routes.router())
     app.include_router(cancel_routes.router())
     app.include_router(hook_routes.router())

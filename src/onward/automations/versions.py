@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from onward import schedules
+from onward import audit, schedules
 from onward.automations.document import AutomationDoc
 from onward.automations.validate import validate
 from onward.db import Conn, Pool
@@ -40,9 +40,11 @@ async def publish(
     data: Document,
     *,
     registry: Registry | None = None,
+    actor: str | None = None,
 ) -> Published:
-    """Validate and store a version. Raises ``InvalidAutomation`` and stores nothing if invalid."""
-    return (await _publish_many(pool, org_id, [("", data)], registry))[0]
+    """Validate and store a version. Raises ``InvalidAutomation`` and stores nothing if invalid.
+    A new version is audited (``publish``, by ``actor``) in its transaction."""
+    return (await _publish_many(pool, org_id, [("", data)], registry, actor))[0]
 
 
 async def publish_all(
@@ -51,6 +53,7 @@ async def publish_all(
     documents: list[tuple[str, Document]],
     *,
     registry: Registry | None = None,
+    actor: str | None = None,
 ) -> list[Published]:
     """Publish several documents in ONE transaction: all of them or none.
 
@@ -60,7 +63,7 @@ async def publish_all(
     documents with the same automation id are refused (which one would be current?). Answers
     in the order given.
     """
-    return await _publish_many(pool, org_id, documents, registry)
+    return await _publish_many(pool, org_id, documents, registry, actor)
 
 
 async def _publish_many(
@@ -68,6 +71,7 @@ async def _publish_many(
     org_id: str,
     documents: list[tuple[str, Document]],
     registry: Registry | None,
+    actor: str | None = None,
 ) -> list[Published]:
     kinds = registry or default_registry
     docs: list[AutomationDoc] = []
@@ -92,7 +96,16 @@ async def _publish_many(
         await conn.execute(Q.ensure_org, {"org_id": org_id})
         # One lock order (by id) for every publisher, so two batches never deadlock.
         for doc in sorted(docs, key=lambda d: d.id):
-            results[doc.id] = await _store(conn, org_id, doc, kinds)
+            results[doc.id] = got = await _store(conn, org_id, doc, kinds)
+            if got.created:  # a re-publish of the same content changes nothing
+                await audit.record(
+                    conn,
+                    org_id,
+                    actor=audit.actor(actor),
+                    action="publish",
+                    target=f"{doc.id}:v{got.version}",
+                    detail={"digest": got.digest},
+                )
     return [results[doc.id] for doc in docs]
 
 

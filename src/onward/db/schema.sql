@@ -34,6 +34,18 @@ CREATE TABLE approvers (
     CONSTRAINT approvers_pkey PRIMARY KEY (org_id, approver, scope)
 );
 
+CREATE TABLE audit (
+    org_id text NOT NULL,
+    audit_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    at timestamp with time zone NOT NULL DEFAULT now(),
+    actor text NOT NULL,
+    action text NOT NULL,
+    target text NOT NULL,
+    detail jsonb NOT NULL DEFAULT '{}'::jsonb,
+    CONSTRAINT audit_pkey PRIMARY KEY (org_id, audit_id)
+);
+CREATE INDEX audit_by_action ON public.audit USING btree (org_id, action, audit_id);
+
 CREATE TABLE automation_versions (
     org_id text NOT NULL,
     automation_id text NOT NULL,
