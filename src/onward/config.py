@@ -78,6 +78,11 @@ class Settings:
     #: finished runs are deleted this many days after they finished, unless their organisation
     #: sets its own (onward.retention); None keeps them forever (ONWARD_RETENTION_DAYS=forever)
     retention_days: float | None = 30.0
+    #: addresses user-configured HTTP may reach although not public, for every organisation
+    #: (onward.outbound; ONWARD_OUTBOUND_ALLOW=127.0.0.1/32,hooks.internal:8443)
+    outbound_allow: tuple[str, ...] = ()
+    outbound_max_response_bytes: int = 10 * 1024 * 1024
+    outbound_max_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -101,6 +106,13 @@ class Settings:
             lane_policy=os.environ.get("ONWARD_LANE_POLICY") or None,
             budget_lease_seconds=_env_float("ONWARD_BUDGET_LEASE_SECONDS", 120.0),
             retention_days=_retention_days(os.environ.get("ONWARD_RETENTION_DAYS", "")),
+            outbound_allow=tuple(
+                e.strip() for e in os.environ.get("ONWARD_OUTBOUND_ALLOW", "").split(",") if e.strip()
+            ),
+            outbound_max_response_bytes=_env_int(
+                "ONWARD_OUTBOUND_MAX_RESPONSE_BYTES", 10 * 1024 * 1024
+            ),
+            outbound_max_seconds=_env_float("ONWARD_OUTBOUND_MAX_SECONDS", 30.0),
         )
         if os.environ.get("ONWARD_LANES"):
             s = replace(s, lanes=_lanes(os.environ["ONWARD_LANES"]))
@@ -119,5 +131,14 @@ class Settings:
                 f"ONWARD_RETENTION_DAYS={self.retention_days:g}: between 1 and 36525 days, "
                 "or forever"
             )
+        from onward.errors import InvalidInput
+        from onward.outbound import parse_entries
+
+        try:
+            parse_entries(self.outbound_allow)
+        except InvalidInput as exc:
+            raise ConfigError(f"ONWARD_OUTBOUND_ALLOW: {exc}") from None
+        if self.outbound_max_response_bytes < 1 or self.outbound_max_seconds <= 0:
+            raise ConfigError("ONWARD_OUTBOUND_MAX_RESPONSE_BYTES and _MAX_SECONDS must be > 0")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ConfigError("the heartbeat interval must be shorter than the lease")

@@ -245,6 +245,12 @@ class PermanentError(StepError):
     """The request can never succeed as sent (400, 404, 422). Not retried."""
 
 
+class OutboundRefused(PermanentError):
+    """User-configured HTTP refused by the outbound check (onward.outbound): a loopback,
+    private, link-local, metadata or reserved destination not on the allow-list, or an answer
+    larger than the cap. Nothing was sent to a refused destination."""
+
+
 class OutcomeUnknown(StepError):
     """The provider may have done the work (the connection dropped after sending)."""
 
