@@ -107,7 +107,9 @@ class Settings:
             budget_lease_seconds=_env_float("ONWARD_BUDGET_LEASE_SECONDS", 120.0),
             retention_days=_retention_days(os.environ.get("ONWARD_RETENTION_DAYS", "")),
             outbound_allow=tuple(
-                e.strip() for e in os.environ.get("ONWARD_OUTBOUND_ALLOW", "").split(",") if e.strip()
+                e.strip()
+                for e in os.environ.get("ONWARD_OUTBOUND_ALLOW", "").split(",")
+                if e.strip()
             ),
             outbound_max_response_bytes=_env_int(
                 "ONWARD_OUTBOUND_MAX_RESPONSE_BYTES", 10 * 1024 * 1024

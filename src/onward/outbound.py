@@ -56,7 +56,9 @@ MAX_ENTRY = 300
 DEFAULT_MAX_RESPONSE_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_SECONDS = 30.0
 METADATA = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254"))
-_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*$")
+_NAME = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*$"
+)
 ENTRY_HELP = (
     "a CIDR or an address (10.0.0.0/8, ::1) or a host name, optionally with :port "
     "(127.0.0.1:8099, [::1]:8099, hooks.internal:8443)"
@@ -103,7 +105,8 @@ class Entry:
             if self.port is None:
                 return host
             return f"[{host}]:{self.port}" if self.network.version == 6 else f"{host}:{self.port}"
-        return self.name if self.port is None else f"{self.name}:{self.port}"
+        name = self.name or ""
+        return name if self.port is None else f"{name}:{self.port}"
 
     def allows(self, name: str, ip: IP, port: int) -> bool:
         if self.port is not None and self.port != port:
