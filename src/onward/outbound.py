@@ -386,7 +386,7 @@ class Clients:
 
 
 async def entries(conn: Conn, org_id: str) -> list[str]:
-    """The organisation's allow-list entries, oldest first."""
+    """The organisation's allow-list entries, sorted."""
     cur = await conn.execute(Q.entries, {"org_id": org_id})
     return [str(row["entry"]) for row in await cur.fetchall()]
 

@@ -1,6 +1,6 @@
 -- name: entries
--- The organisation's allow-list entries, oldest first.
-SELECT entry FROM outbound_allow WHERE org_id = %(org_id)s ORDER BY created_at, entry;
+-- The organisation's allow-list entries, sorted.
+SELECT entry FROM outbound_allow WHERE org_id = %(org_id)s ORDER BY entry;
 
 -- name: add
 -- Add entries to the organisation's allow-list (an entry already there stays as it was).
