@@ -82,9 +82,11 @@ def refusal(ip: IP) -> str | None:
         return "a link-local address"
     if ip.is_multicast:
         return "a multicast address"
+    if ip.is_reserved:
+        return "a reserved address (not globally routable)"
     if ip.is_private:
         return "a private address"
-    if ip.is_reserved or not ip.is_global:
+    if not ip.is_global:
         return "a reserved address (not globally routable)"
     return None
 
