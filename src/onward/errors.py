@@ -32,6 +32,8 @@ The hierarchy::
         │   └── RateLimited         try again after ``retry_after`` seconds (429 + Retry-After)
         ├── AuthorizationError      never retried: the run parks until the connection is restored
         ├── PermanentError          never retried: the step (and run) fails with this reason
+        │   └── OutboundRefused     a non-public destination not allow-listed, or an answer
+        │                           over the size cap (onward.outbound)
         ├── OutcomeUnknown          the call may or may not have happened (timeout after send)
         ├── NeedsReview             a person must look: parks the step with what is known
         ├── Deferred                a limit (cap, rate) held the call back: ready again after
