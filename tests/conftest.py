@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 ADMIN_URL = os.environ.get("ONWARD_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ONWARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+#: The sandbox serves on loopback, which the outbound check (onward.outbound) refuses unless
+#: the allow-list names it: every test engine and worker allows it.
+SANDBOX_ALLOW = ("127.0.0.1/32",)
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +57,7 @@ def settings(db_url: str) -> Settings:
         sweep_seconds=0.2,
         shutdown_grace_seconds=2.0,
         queue="postgres",
+        outbound_allow=SANDBOX_ALLOW,
     )
 
 

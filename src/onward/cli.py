@@ -836,6 +836,7 @@ from onward.cli_audit import audit as audit_command  # noqa: E402  (uses the hel
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
 from onward.cli_hooks import hooks_app  # noqa: E402  (uses the helpers above)
 from onward.cli_notify import notifications_app  # noqa: E402  (uses the helpers above)
+from onward.cli_outbound import outbound_app  # noqa: E402  (uses the helpers above)
 from onward.cli_retention import retention_app  # noqa: E402  (uses the helpers above)
 from onward.cli_timers import timers_app  # noqa: E402  (uses the helpers above)
 from onward.cli_vault import keys_app  # noqa: E402  (uses the helpers above)
@@ -855,6 +856,7 @@ app.add_typer(cli_actions.review_app)  # onward review resolve RUN --happened|--
 app.command()(cli_actions.resume)  # onward resume RUN
 app.command()(cli_actions.fork)  # onward fork RUN [--from-step STEP] [--version V]
 app.add_typer(retention_app)  # onward retention show|set|prune
+app.add_typer(outbound_app)  # onward outbound show|allow|disallow
 app.add_typer(notifications_app)  # onward notifications set|destinations|remove|list|retry
 app.command()(cli_cancel.cancel)  # onward cancel RUN... | --automation A [--version V] ...
 app.add_typer(cli_cancel.operations_app)  # onward operations [list|show|resume]

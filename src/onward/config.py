@@ -82,6 +82,11 @@ class Settings:
     #: 0: no limit. Over it: 429 with Retry-After
     intake_limit: int = 10_000
     intake_window_seconds: int = 10
+    #: addresses user-configured HTTP may reach although not public, for every organisation
+    #: (onward.outbound; ONWARD_OUTBOUND_ALLOW=127.0.0.1/32,hooks.internal:8443)
+    outbound_allow: tuple[str, ...] = ()
+    outbound_max_response_bytes: int = 10 * 1024 * 1024
+    outbound_max_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -107,6 +112,15 @@ class Settings:
             retention_days=_retention_days(os.environ.get("ONWARD_RETENTION_DAYS", "")),
             intake_limit=_env_int("ONWARD_INTAKE_LIMIT", 10_000),
             intake_window_seconds=_env_int("ONWARD_INTAKE_WINDOW_SECONDS", 10),
+            outbound_allow=tuple(
+                e.strip()
+                for e in os.environ.get("ONWARD_OUTBOUND_ALLOW", "").split(",")
+                if e.strip()
+            ),
+            outbound_max_response_bytes=_env_int(
+                "ONWARD_OUTBOUND_MAX_RESPONSE_BYTES", 10 * 1024 * 1024
+            ),
+            outbound_max_seconds=_env_float("ONWARD_OUTBOUND_MAX_SECONDS", 30.0),
         )
         if os.environ.get("ONWARD_LANES"):
             s = replace(s, lanes=_lanes(os.environ["ONWARD_LANES"]))
@@ -133,5 +147,14 @@ class Settings:
                 "ONWARD_INTAKE_LIMIT must be 0 (no limit) or more, "
                 "ONWARD_INTAKE_WINDOW_SECONDS between 1 and 3600"
             )
+        from onward.errors import InvalidInput
+        from onward.outbound import parse_entries
+
+        try:
+            parse_entries(self.outbound_allow)
+        except InvalidInput as exc:
+            raise ConfigError(f"ONWARD_OUTBOUND_ALLOW: {exc}") from None
+        if self.outbound_max_response_bytes < 1 or self.outbound_max_seconds <= 0:
+            raise ConfigError("ONWARD_OUTBOUND_MAX_RESPONSE_BYTES and _MAX_SECONDS must be > 0")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ConfigError("the heartbeat interval must be shorter than the lease")

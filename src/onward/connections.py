@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from onward import audit, pseudonyms, vault
+from onward import audit, outbound, pseudonyms, vault
 from onward.connectors import Connection, Connector, get_connector_class
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -59,15 +59,47 @@ class Integrations:
     ) -> None:
         self.pool = pool
         self.effects = effects or Effects(pool)
-        self.client = client or httpx.AsyncClient(timeout=timeout)
+        # Outbound safety (onward.outbound): a client per allow-list, checking each address at
+        # connect time. A client given here is used as it is, for every organisation.
+        self.outbound = outbound.Clients(timeout=timeout)
+        self._given_client = client
+        self.client = client or self.outbound.client()  # the engine's allow-list only
         self.timeout = timeout
         self.notify = notify
         self.token_secret: str | None = None  # signs approval tokens (Settings.signing_secret)
         self.budget_lease = 120.0  # a cost reservation's lease (Settings.budget_lease_seconds)
         self._pseudonym_keys: dict[str, str] = {}  # per organisation; a key never changes
+        self._retired: list[outbound.Clients] = []
+
+    def set_outbound(
+        self, engine_allow: tuple[str, ...], *, max_response_bytes: int, max_seconds: float
+    ) -> None:
+        """The engine's outbound allow-list and caps (Settings), before any request is made."""
+        old = self.outbound
+        self.outbound = outbound.Clients(
+            engine_allow,
+            timeout=self.timeout,
+            max_response_bytes=max_response_bytes,
+            max_seconds=max_seconds,
+        )
+        if self._given_client is None:
+            self.client = self.outbound.client()
+        self._retired.append(old)
+
+    async def http_client(self, org_id: str) -> httpx.AsyncClient:
+        """The client for requests to destinations ``org_id`` configured: checked against the
+        engine's allow-list plus the organisation's."""
+        if self._given_client is not None:
+            return self._given_client
+        async with self.pool.connection() as conn:
+            org_entries = await outbound.entries(conn, org_id)
+        return self.outbound.client(org_entries)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._given_client is not None:
+            await self._given_client.aclose()
+        for clients in (*self._retired, self.outbound):
+            await clients.aclose()
 
     async def _one(self, query: str, args: dict[str, Any]) -> dict[str, Any] | None:
         async with self.pool.connection() as conn:
@@ -148,9 +180,11 @@ class Integrations:
             raise RetryableError(str(exc)) from None
         if row is None:
             raise PermanentError(f"no connection {connection_id!r} in organisation {org_id!r}")
-        return self._connector(connection_id, row)
+        return self._connector(connection_id, row, await self.http_client(org_id))
 
-    def _connector(self, connection_id: str, row: dict[str, Any]) -> Connector:
+    def _connector(
+        self, connection_id: str, row: dict[str, Any], client: httpx.AsyncClient
+    ) -> Connector:
         if row["status"] == "broken":
             raise AuthorizationError(
                 f"reconnect the {row['provider']} account {row['account']}: "
@@ -164,7 +198,7 @@ class Integrations:
             connector_class = get_connector_class(conn.provider)
         except KeyError as exc:  # stored by a process that registered a connector this one lacks
             raise PermanentError(str(exc).strip("'\"")) from None
-        return connector_class(conn, client=self.client, timeout=self.timeout)
+        return connector_class(conn, client=client, timeout=self.timeout)
 
     async def mark_broken(self, org_id: str, connection_id: str, reason: str) -> None:
         row = await self._one(
@@ -204,7 +238,8 @@ class Integrations:
         if row is None:
             raise UnknownConnection(org_id, connection_id)
         try:
-            await self._connector(connection_id, row).probe()
+            client = await self.http_client(org_id)
+            await self._connector(connection_id, row, client).probe()
         except AuthorizationError as exc:
             await self.mark_broken(org_id, connection_id, str(exc))
             return str(exc)

@@ -31,6 +31,7 @@ from onward import lanes as lane_ops
 from onward import limits as limit_ops
 from onward import notify as notify_ops
 from onward import operations as operation_ops
+from onward import outbound as outbound_ops
 from onward import retention as retention_ops
 from onward import schedules as schedule_ops
 from onward import signals as signal_ops
@@ -86,6 +87,11 @@ class Engine:
         self.integrations = Integrations(pool, effects=self.effects)
         self.integrations.token_secret = settings.signing_secret
         self.integrations.budget_lease = settings.budget_lease_seconds
+        self.integrations.set_outbound(
+            settings.outbound_allow,
+            max_response_bytes=settings.outbound_max_response_bytes,
+            max_seconds=settings.outbound_max_seconds,
+        )
         self._driving: set[asyncio.Task[Any]] = set()  # operations driven in this process
         # A notification written in this process wakes its delivery relay at once (a hint: the
         # relay polls anyway, and any process's relay may deliver it).
@@ -555,6 +561,26 @@ class Engine:
         return await retention_ops.show(
             self.pool, self.org_id, default_days=self.settings.retention_days
         )
+
+    async def outbound_allow(self) -> dict[str, list[str]]:
+        """Where this organisation's user-configured HTTP may go although not public
+        (``onward.outbound``): ``{"engine": ONWARD_OUTBOUND_ALLOW, "org": its own entries}``."""
+        async with self.pool.connection() as conn:
+            org = await outbound_ops.entries(conn, self.org_id)
+        return {"engine": list(self.integrations.outbound.engine_allow), "org": org}
+
+    async def allow_outbound(self, entries: Sequence[str]) -> dict[str, list[str]]:
+        """Add entries (CIDR, address or host name, optionally ``:port``) to this
+        organisation's outbound allow-list; ``InvalidInput`` stores none of them."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await outbound_ops.allow(conn, self.org_id, entries)
+        return await self.outbound_allow()
+
+    async def disallow_outbound(self, entries: Sequence[str]) -> dict[str, list[str]]:
+        """Remove entries from this organisation's outbound allow-list."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await outbound_ops.disallow(conn, self.org_id, entries)
+        return await self.outbound_allow()
 
     async def prune(self, *, dry_run: bool = False, max_runs: int | None = None) -> dict[str, Any]:
         """Delete this organisation's finished runs past its retention now, in batches (the

@@ -39,6 +39,8 @@ The hierarchy::
         │   └── RateLimited         try again after ``retry_after`` seconds (429 + Retry-After)
         ├── AuthorizationError      never retried: the run parks until the connection is restored
         ├── PermanentError          never retried: the step (and run) fails with this reason
+        │   └── OutboundRefused     a non-public destination not allow-listed, or an answer
+        │                           over the size cap (onward.outbound)
         ├── OutcomeUnknown          the call may or may not have happened (timeout after send)
         ├── NeedsReview             a person must look: parks the step with what is known
         ├── Deferred                a limit (cap, rate) held the call back: ready again after
@@ -281,6 +283,12 @@ class AuthorizationError(StepError):
 
 class PermanentError(StepError):
     """The request can never succeed as sent (400, 404, 422). Not retried."""
+
+
+class OutboundRefused(PermanentError):
+    """User-configured HTTP refused by the outbound check (onward.outbound): a loopback,
+    private, link-local, metadata or reserved destination not on the allow-list, or an answer
+    larger than the cap. Nothing was sent to a refused destination."""
 
 
 class OutcomeUnknown(StepError):

@@ -20,8 +20,11 @@ Destinations:
 * ``webhook``: a JSON POST signed as Standard Webhooks sign (``webhook-id``: the notification's
   stable id ``ntf_<n>``, ``webhook-timestamp``, ``webhook-signature: v1,<base64 HMAC-SHA256 of
   "id.timestamp.body">`` with the destination's ``whsec_`` secret, made by the
-  ``standardwebhooks`` package). httpx with a timeout shorter
-  than the lease, no redirects followed, and at most ``MAX_RESPONSE_BYTES`` of the answer read.
+  ``standardwebhooks`` package). Through the organisation's
+  checked client (:mod:`onward.outbound`: a destination that is not public and not on the
+  allow-list is refused at connect time and the delivery fails at once with that reason), with
+  a timeout shorter than the lease, no redirects followed, and at most ``MAX_RESPONSE_BYTES``
+  of the answer read.
 * ``slack``: a message to a channel through a Slack connection (not idempotent: a crash after
   the post repeats the message once).
 * ``email``: a message to an address through an email connection, with the notification id
@@ -49,7 +52,7 @@ from onward.backoff import full_jitter
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
-from onward.errors import InvalidInput, SecretUnreadable, StepError
+from onward.errors import InvalidInput, OutboundRefused, SecretUnreadable, StepError
 from onward.inputs import check_text
 
 if TYPE_CHECKING:
@@ -306,6 +309,7 @@ class Outcome:
     delivered: bool
     http_status: int | None = None
     error: str | None = None
+    final: bool = False  # never deliverable as configured (refused by the outbound check)
 
 
 def payload(row: dict[str, Any]) -> dict[str, Any]:
@@ -346,12 +350,11 @@ class DeliveryRelay:
         self.kick = kick or asyncio.Event()
         # The answer must come well within the lease, or another relay sends it again.
         self.timeout = max(0.5, min(10.0, lease_seconds / 2))
-        self.client = httpx.AsyncClient(timeout=self.timeout, follow_redirects=False)
         self.delivered = 0
         self.failed_attempts = 0
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        """Nothing of its own to close: webhooks go through the integrations' clients."""
 
     async def run_once(self) -> int:
         """Claim and deliver one batch; returns how many intents it tried."""
@@ -396,7 +399,7 @@ class DeliveryRelay:
             connector = await self.integrations.connector(row["org_id"], row["connection_id"])
             await connector.perform(key, params)
         except StepError as exc:
-            return Outcome(False, error=str(exc)[:500])
+            return Outcome(False, error=str(exc)[:500], final=isinstance(exc, OutboundRefused))
         return Outcome(True)
 
     async def _post(self, row: dict[str, Any]) -> Outcome:
@@ -412,13 +415,20 @@ class DeliveryRelay:
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(row["secret"], msg_id, timestamp, body),
         }
+        # The organisation's checked client (onward.outbound): a destination that is not
+        # public and not allowed is refused at connect time, and the intent fails at once.
+        client = await self.integrations.http_client(row["org_id"])
         try:
-            async with self.client.stream("POST", row["url"], content=body, headers=headers) as r:
+            async with client.stream(
+                "POST", row["url"], content=body, headers=headers, timeout=self.timeout
+            ) as r:
                 answer = b""
                 async for chunk in r.aiter_raw():
                     answer += chunk
                     if len(answer) >= MAX_RESPONSE_BYTES:
                         break  # a receiver's answer is only read this far
+        except OutboundRefused as exc:
+            return Outcome(False, error=str(exc)[:500], final=True)
         except httpx.HTTPError as exc:
             return Outcome(False, error=f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__)
         if 200 <= r.status_code < 300:
@@ -451,7 +461,12 @@ class DeliveryRelay:
             delay = full_jitter(int(row["attempts_in_round"]), base, cap, jitter=random.uniform)
             await conn.execute(
                 Q.attempt_failed,
-                {**args, "delay": delay, "error": outcome.error, "max_attempts": self.max_attempts},
+                {
+                    **args,
+                    "delay": delay,
+                    "error": outcome.error,
+                    "max_attempts": 0 if outcome.final else self.max_attempts,
+                },
             )
             self.failed_attempts += 1
 

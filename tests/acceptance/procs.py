@@ -28,4 +28,5 @@ def worker_settings(database_url: str, **timings: Any) -> Settings:
     values = {field: timings.pop(name, default) for name, (field, default) in TIMINGS.items()}
     if timings:
         raise TypeError(f"unknown timings: {sorted(timings)}")
-    return Settings(database_url=database_url, **values)
+    # The sandbox serves on loopback, which outbound HTTP reaches only when allowed.
+    return Settings(database_url=database_url, outbound_allow=("127.0.0.1/32",), **values)

@@ -55,7 +55,7 @@ from onward.engine import Engine
 
 async def main() -> None:
     url, org, token, user, action = sys.argv[1:6]
-    settings = Settings(database_url=url, org_id=org)
+    settings = Settings(database_url=url, org_id=org, outbound_allow=("127.0.0.1/32",))
     async with Engine.open(settings, migrate=False, start_queue=False) as engine:
         print("deciding", flush=True)
         got = await engine.decide_by_token(token, user, action=action)

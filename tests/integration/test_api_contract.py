@@ -79,6 +79,9 @@ CONFIG = {
             "POST /v1/automations",
             "GET /v1/timers/preview",
             "POST /v1/timers/recompute",
+            # an allow-list entry is a CIDR, an address or a host name: other strings are 422
+            "POST /v1/outbound/allow",
+            "POST /v1/outbound/disallow",
         )
     ]
     + [

@@ -67,6 +67,7 @@ from onward.api import flow as flow_routes
 from onward.api import hooks as hook_routes
 from onward.api import migrations as migration_routes
 from onward.api import notify as notify_routes
+from onward.api import outbound as outbound_routes
 from onward.api import people as people_routes
 from onward.api import retention as retention_routes
 from onward.api import schedules as schedule_routes
@@ -796,6 +797,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(action_routes.router())
     app.include_router(retention_routes.router())
     app.include_router(audit_routes.router())
+    app.include_router(outbound_routes.router())
     app.include_router(notify_routes.router())
     app.include_router(cancel_routes.router())
     app.include_router(hook_routes.router())

@@ -361,7 +361,8 @@ def router() -> APIRouter:
             if retry_num and exc.reason == "decided" and "by you" in str(exc):
                 response_url = None  # a retry of a click already answered
         if response_url:
-            task = asyncio.create_task(_tell(org.engine.integrations.client, response_url, update))
+            client = await org.engine.integrations.http_client(org.engine.org_id)  # checked
+            task = asyncio.create_task(_tell(client, response_url, update))
             pending.add(task)
             task.add_done_callback(pending.discard)
         return answer

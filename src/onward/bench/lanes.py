@@ -94,6 +94,7 @@ async def _run(
 
     settings = Settings(database_url=url, queue="postgres", poll_seconds=0.5, sweep_seconds=1.0)
     async with SandboxServer(mode="process") as sandbox, Engine.open(settings) as engine:
+        await engine.allow_outbound([sandbox.allow_entry])  # it serves on loopback
         for connection, provider in (("crm", "crm"), ("model", "model")):
             await engine.integrations.add_connection(
                 engine.org_id,

@@ -2855,6 +2855,7 @@ def run_chaos(
             settings,
             database_url=url,
             queue_prefix=f"chaos{secrets.token_hex(3)}",
+            outbound_allow=(*settings.outbound_allow, sandbox.allow_entry),
             **CHAOS_TIMINGS,  # type: ignore[arg-type]
         )
         knobs = scenario.fault_knobs(seed, light=provider_faults)

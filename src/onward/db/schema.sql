@@ -370,6 +370,14 @@ CREATE TABLE organisations (
 );
 CREATE INDEX organisations_due ON public.organisations USING btree (last_timer_served_at NULLS FIRST, org_id) WHERE has_due_work;
 
+CREATE TABLE outbound_allow (
+    org_id text NOT NULL,
+    entry text NOT NULL,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT outbound_allow_entry_check CHECK (((length(entry) >= 1) AND (length(entry) <= 300))),
+    CONSTRAINT outbound_allow_pkey PRIMARY KEY (org_id, entry)
+);
+
 CREATE TABLE outbox (
     org_id text NOT NULL,
     outbox_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,

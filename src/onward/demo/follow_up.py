@@ -84,6 +84,9 @@ async def _connect(
     signing = secrets.token_hex(16)
     org = engine.org_id
     integ = engine.integrations
+    # The sandbox serves on loopback, which outbound HTTP may reach only when allowed: this
+    # organisation allows exactly the sandbox's address and port (onward.outbound).
+    await engine.allow_outbound([sandbox_url.removeprefix("http://")])
     for connection, provider, account in (
         ("model", "model", "acct_demo_model"),
         ("crm", "crm", "acct_demo_crm"),

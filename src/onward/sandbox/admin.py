@@ -235,11 +235,23 @@ class SandboxAdmin:
         return f"{self.url}/hooks/{inbox}"
 
     def hook_inbox(
-        self, inbox: str, *, fail_next: int = 0, secret: str | None = None
+        self,
+        inbox: str,
+        *,
+        fail_next: int = 0,
+        secret: str | None = None,
+        redirect_to: str | None = None,
+        pad_bytes: int = 0,
     ) -> dict[str, Any]:
         """Configure ``inbox``: answer the next ``fail_next`` attempts 503; with ``secret``
-        (``whsec_...``) record whether each attempt's signature holds."""
-        body: dict[str, Any] = {"fail_next": fail_next, "secret": secret}
+        (``whsec_...``) record whether each attempt's signature holds; ``redirect_to``: answer
+        307 to that URL; ``pad_bytes``: answer 200 with a body that large."""
+        body: dict[str, Any] = {
+            "fail_next": fail_next,
+            "secret": secret,
+            "redirect_to": redirect_to,
+            "pad_bytes": pad_bytes,
+        }
         result: dict[str, Any] = self._call("POST", f"/_admin/hooks/{inbox}", json=body)
         return result
 

@@ -8,7 +8,9 @@ customer's endpoint it needs no bearer token and sits outside the providers' fau
 own knob makes it fail: ``fail_next`` answers the next N attempts 503 (nothing received).
 
 Admin (``/_admin/hooks/{inbox}``): ``POST`` ``{"fail_next": N, "secret": "whsec_..."}``
-configures the inbox (with a secret, each attempt records whether its signature holds);
+configures the inbox (with a secret, each attempt records whether its signature holds;
+``redirect_to`` answers every attempt 307 to that URL, ``pad_bytes`` answers 200 with a body
+that large -- for the outbound check's tests);
 ``GET`` answers ``{"attempts": n, "distinct": m, "received": [...], "log": [...]}``. Reset
 forgets every inbox.
 """
@@ -34,6 +36,8 @@ admin_router = APIRouter(prefix="/_admin/hooks", tags=["admin"])
 class Inbox:
     fail_next: int = 0
     secret: str | None = None
+    redirect_to: str | None = None  # answer 307 to this URL (an outbound check's test)
+    pad_bytes: int = 0  # answer with a body this large (an outbound size cap's test)
     log: list[dict[str, Any]] = field(default_factory=list)  # every attempt, oldest first
     received: dict[str, dict[str, Any]] = field(default_factory=dict)  # by webhook-id
 
@@ -70,6 +74,8 @@ class InboxIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fail_next: int = Field(default=0, ge=0, le=10_000)
     secret: str | None = None
+    redirect_to: str | None = Field(default=None, max_length=2048)
+    pad_bytes: int = Field(default=0, ge=0, le=64 * 1024 * 1024)
 
 
 def signature_holds(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -96,6 +102,14 @@ async def receive(inbox: str, request: Request, store: Store) -> JSONResponse:
         attempt["status"] = 503
         box.log.append(attempt)
         return JSONResponse({"error": "unavailable"}, status_code=503)
+    if box.redirect_to is not None:
+        attempt["status"] = 307
+        box.log.append(attempt)
+        return JSONResponse({"moved": True}, status_code=307, headers={"Location": box.redirect_to})
+    if box.pad_bytes:
+        attempt["status"] = 200
+        box.log.append(attempt)
+        return JSONResponse({"ok": True, "pad": "x" * box.pad_bytes})
     if not msg_id:
         attempt["status"] = 400
         box.log.append(attempt)
@@ -123,6 +137,8 @@ async def configure(inbox: str, knobs: InboxIn, store: Store) -> dict[str, Any]:
     box = store.inbox(inbox)
     box.fail_next = knobs.fail_next
     box.secret = knobs.secret
+    box.redirect_to = knobs.redirect_to
+    box.pad_bytes = knobs.pad_bytes
     return box.view()
 
 

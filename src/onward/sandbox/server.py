@@ -131,6 +131,12 @@ class SandboxServer:
         return f"http://{host}:{self.port}"
 
     @property
+    def allow_entry(self) -> str:
+        """The outbound allow-list entry naming exactly this sandbox (``127.0.0.1:8099``): it
+        serves on loopback, which onward's outbound check refuses unless allowed."""
+        return self.url.removeprefix("http://")
+
+    @property
     def running(self) -> bool:
         return self._process is not None or self._thread is not None
 

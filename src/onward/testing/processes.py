@@ -46,6 +46,9 @@ def libfaketime() -> str | None:
     return found[0] if found else None
 
 
+SANDBOX_ALLOW = "127.0.0.1/32"  # where the sandbox serves: a child's engine-wide allow-list
+
+
 def process_env(
     *,
     crash_at: str | None = None,
@@ -53,12 +56,16 @@ def process_env(
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """This process's environment for a child: unbuffered output, ``ONWARD_CRASH_AT`` set to
-    ``crash_at`` (``point[@n]``) or removed, and with ``clock_offset`` (e.g. ``"+600"``) the
+    ``crash_at`` (``point[@n]``) or removed, ``ONWARD_OUTBOUND_ALLOW`` naming the sandbox's
+    loopback address unless set, and with ``clock_offset`` (e.g. ``"+600"``) the
     child's clocks (``time.time()``, ``datetime.now()``, the monotonic clock) that far ahead.
 
     libfaketime is preloaded directly, not through the ``faketime`` wrapper (which forks), so
     signals sent to the child reach the Python process itself."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The sandbox serves on loopback, which outbound HTTP reaches only when allowed
+    # (onward.outbound): a child allows it unless the environment says otherwise.
+    env.setdefault("ONWARD_OUTBOUND_ALLOW", SANDBOX_ALLOW)
     env.pop("ONWARD_CRASH_AT", None)
     if crash_at:
         env["ONWARD_CRASH_AT"] = crash_at

@@ -77,6 +77,7 @@ _KEEP = (
     "sweep_seconds",
     "shutdown_grace_seconds",
     "budget_lease_seconds",
+    "outbound_allow",
 )
 
 
@@ -85,6 +86,8 @@ def settings_from_json(raw: str) -> Settings:
     unknown = set(data) - _SETTINGS_FIELDS
     if unknown:
         raise SystemExit(f"unknown settings: {sorted(unknown)}")
+    if "outbound_allow" in data:
+        data["outbound_allow"] = tuple(data["outbound_allow"])
     settings = Settings(**data)
     settings.validate()
     return settings
