@@ -648,7 +648,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         and the same run id for a repeat."""
         settings = org.engine.settings
         pool, org_id = org.engine.pool, org.org_id
-        await org.write(
+        # repeated once after a lost connection (a restart): counting a request twice in its
+        # window only brings its limit a request nearer
+        await org.read(
             lambda: intake_ops.admit(
                 pool,
                 org_id,
