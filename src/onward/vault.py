@@ -157,7 +157,23 @@ def decrypt(keyring: Keyring, org_id: str, purpose: str, stored: str) -> str:
 # -- keys from the environment or the database ---------------------------------------------------
 
 
+# The database's own key, once read, per database: it never changes once made, and reading it
+# for every secret would add a round trip to every connection lookup of every effect.
+_LOCAL_KEYS: dict[tuple[str, int, str], bytes] = {}
+
+
 async def _local_key(conn: Conn, *, make: bool) -> bytes | None:
+    where = (conn.info.host, conn.info.port, conn.info.dbname)
+    cached = _LOCAL_KEYS.get(where)
+    if cached is not None:
+        return cached
+    key = await _read_local_key(conn, make=make)
+    if key is not None:
+        _LOCAL_KEYS[where] = key
+    return key
+
+
+async def _read_local_key(conn: Conn, *, make: bool) -> bytes | None:
     row = await (await conn.execute(Q.local_key, {"name": LOCAL_KEY_NAME})).fetchone()
     if row is None and make:
         made = {"name": LOCAL_KEY_NAME, "secret": new_key()}

@@ -76,11 +76,23 @@ def fast(settings: Settings) -> Settings:
 
 
 # wait -> CRM -> email -> done: effects only at idempotent providers (they never park)
+# With backends killed every 0.15 s a step can lose several attempts to onward's own database
+# (each lost attempt counts, as a lapsed lease does); what these tests hold is that nothing is
+# lost or done twice, so the effect steps get attempts enough for the faults, with short waits.
+FAULT_RETRY = {"max_attempts": 30, "base": 0.2, "cap": 1.0}
 EFFECTS_FLOW = (
     Automation("faulty-follow-up")
     .step("wait", "wait_for", duration="0.5s")
-    .step("crm", "crm.upsert", connection="crm", external_id="{input.contact}")
-    .step("send", "email.send", connection="mailbox", to="{input.email}", subject="Hi", body="x")
+    .step("crm", "crm.upsert", connection="crm", external_id="{input.contact}", retry=FAULT_RETRY)
+    .step(
+        "send",
+        "email.send",
+        connection="mailbox",
+        to="{input.email}",
+        subject="Hi",
+        body="x",
+        retry=FAULT_RETRY,
+    )
     .step("done", "set", values={"finished": "true"})
     .build()
 )
