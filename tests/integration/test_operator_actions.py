@@ -222,6 +222,9 @@ async def test_a_run_parked_on_its_budget_is_resumed_by_an_operator_and_complete
     assert len(admin.ledger("model")) == 1
     (event,) = history(sql, run_id, "step_resumed")
     assert event["detail"] == {"by": "ana", "via": "operator", "was": "budget"}
+    # and the audit has it once, naming who (written in the resume's transaction)
+    rows = sql.execute("SELECT actor, target FROM audit WHERE action = 'resume'").fetchall()
+    assert [(r["actor"], r["target"]) for r in rows] == [("ana", run_id)]
 
 
 async def test_resuming_a_reconnect_park_while_the_connection_is_broken_is_refused(
@@ -334,6 +337,9 @@ async def test_a_failed_run_forked_from_its_failed_step_completes_without_rerunn
     again = await engine.fork(old, by="bob")
     assert (again.run_id, again.created) == (forked.run_id, False)
     assert len(history(sql, old, "run_forked")) == 1
+    # one audit row: the fork that made a run (the repeat changed nothing and wrote none)
+    rows = sql.execute("SELECT actor FROM audit WHERE action = 'fork'").fetchall()
+    assert [r["actor"] for r in rows] == ["ana"]
 
 
 async def test_a_fork_from_an_earlier_step_runs_it_again_with_the_variables_it_had(
