@@ -10,11 +10,12 @@ The actions (:data:`ACTIONS`): ``publish``, ``cancel`` (one run), ``cancel_many`
 cancel's operation), ``erase``, ``resolve_review``, ``resume``, ``fork``, ``migrate`` (a
 migration's operation), ``retention_set``, ``notify_destination_set``,
 ``notify_destination_remove``, ``connection_add``, ``connection_restore``, ``approver_grant``,
-``approver_revoke``, ``limit_set``, ``limit_remove``, ``circuit_set``, ``budget_set``.
+``approver_revoke``, ``limit_set``, ``limit_remove``, ``circuit_set``, ``budget_set``,
+``key_create``, ``key_revoke`` (API keys: the key id and its scopes, never the key).
 
 Who: the ``by`` the call carries (operator actions, cancel, erase, migrate), otherwise the
-``actor`` the CLI passes (``ONWARD_OPERATOR`` or the login name) or the HTTP layer's (``api``
-until API keys name the caller). A refused action (bad input, ``ActionRefused``) changes
+``actor`` the CLI passes (``ONWARD_OPERATOR`` or the login name) or the HTTP layer's
+(``key:<key_id>``, the API key of the request). A refused action (bad input, ``ActionRefused``) changes
 nothing and so writes no row.
 
 Not run data: retention deletes nothing here. An erasure's row names the contact's pseudonym,
@@ -56,13 +57,15 @@ ACTIONS = (
     "limit_remove",
     "circuit_set",
     "budget_set",
+    "key_create",
+    "key_revoke",
 )
 DEFAULT_ACTOR = "operator"
 MAX_LIMIT = 500
 _FOREVER = 2**63 - 1
 
 # Who acts when a call names nobody: the CLI sets it once (``ONWARD_OPERATOR`` or the login
-# name), the HTTP layer per request ("api"; the API key's id once keys exist).
+# name), the HTTP layer per request (``key:<key_id>``, the request's API key).
 ACTOR: ContextVar[str] = ContextVar("onward_audit_actor", default=DEFAULT_ACTOR)
 
 

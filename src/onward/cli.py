@@ -831,7 +831,14 @@ def chaos(
 
 # -- command groups in their own modules -------------------------------------------------------
 
-from onward import cli_actions, cli_cancel, cli_flow, cli_migrate, cli_people  # noqa: E402  (uses the helpers above)
+from onward import (  # noqa: E402  (uses the helpers above)
+    cli_actions,
+    cli_cancel,
+    cli_flow,
+    cli_keys,
+    cli_migrate,
+    cli_people,
+)
 from onward.cli_audit import audit as audit_command  # noqa: E402  (uses the helpers above)
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
 from onward.cli_hooks import hooks_app  # noqa: E402  (uses the helpers above)
@@ -861,7 +868,8 @@ app.add_typer(notifications_app)  # onward notifications set|destinations|remove
 app.command()(cli_cancel.cancel)  # onward cancel RUN... | --automation A [--version V] ...
 app.add_typer(cli_cancel.operations_app)  # onward operations [list|show|resume]
 app.add_typer(hooks_app)  # onward hooks secret add|list|remove
-app.add_typer(keys_app)  # onward keys new-key|rotate-secrets
+cli_keys.register(keys_app)
+app.add_typer(keys_app)  # onward keys create|list|revoke|new-key|rotate-secrets
 app.command("audit")(audit_command)  # onward audit [--action A] [--since T] [--json]
 
 # -- entry point -----------------------------------------------------------------------------

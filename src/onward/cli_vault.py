@@ -59,7 +59,8 @@ def register(app: typer.Typer) -> None:
 
 keys_app = typer.Typer(
     name="keys",
-    help="The keys that encrypt stored secrets: make one, re-encrypt under the newest.",
+    help="API keys (create, list, revoke) and the keys that encrypt stored secrets "
+    "(new-key, rotate-secrets).",
     no_args_is_help=True,
 )
 register(keys_app)

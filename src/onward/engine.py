@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from onward import actions, erasure, timers, vault
+from onward import actions, api_keys, erasure, timers, vault
 from onward import approvals as approval_ops  # (also registers the approval kind)
 from onward import audit as audit_ops
 from onward import budgets as budget_ops
@@ -834,6 +835,35 @@ class Engine:
         found = await notify_ops.retry(self.pool, self.org_id, notification_id)
         self._notify_kick.set()
         return found
+
+    # -- API keys (issue 14, onward.api_keys) -------------------------------------------------
+    async def create_key(
+        self, name: str, scopes: Sequence[str], *, by: str | None = None
+    ) -> tuple[dict[str, Any], str]:
+        """A new API key of this organisation: its row and the key itself, shown only here
+        (only its hash is kept). ``InvalidInput`` for an unknown scope or a bad name."""
+        return await api_keys.create(self.pool, self.org_id, name=name, scopes=scopes, by=by)
+
+    async def keys(self) -> list[dict[str, Any]]:
+        """This organisation's API keys, live and revoked, newest first (never a secret)."""
+        return await api_keys.list_keys(self.pool, self.org_id)
+
+    async def revoke_key(self, key_id: str, *, by: str | None = None) -> dict[str, Any] | None:
+        """Revoke a live key of this organisation (``None``: no such live key here)."""
+        return await api_keys.revoke(self.pool, self.org_id, key_id, by=by)
+
+    async def authenticate(self, token: str | None) -> api_keys.Principal | None:
+        """Whose live key ``token`` is, in any organisation; ``None`` for anything else."""
+        return await api_keys.authenticate(self.pool, token)
+
+    def for_org(self, org_id: str) -> Engine:
+        """This engine acting for ``org_id``: the same pool, queue and background tasks; every
+        library call of the view reads and changes that organisation only."""
+        if org_id == self.org_id:
+            return self
+        view = copy.copy(self)
+        view.org_id = org_id
+        return view
 
     # -- signed intake (issue 14, onward.intake) ------------------------------------------------
     async def add_hook_secret(

@@ -180,12 +180,21 @@ def signature_holds(secrets: list[str], headers: Mapping[str, str], body: bytes)
 
 
 async def verify(
-    pool: Pool, org_id: str, automation_id: str, headers: Mapping[str, str], body: bytes
+    pool: Pool,
+    org_id: str,
+    automation_id: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    required: bool = False,
 ) -> str | None:
     """The verified ``webhook-id`` of a request to an endpoint that requires a signature, or
-    None for an endpoint without secrets (unsigned, as before). SignatureRefused otherwise."""
+    None for an endpoint without secrets (unsigned, as before) unless ``required`` (a caller
+    with no API key: nothing but a signature can admit it). SignatureRefused otherwise."""
     async with pool.connection() as conn:
         secrets = await _load_secrets(conn, org_id, automation_id)
+    if not secrets and required:
+        raise SignatureRefused()
     if not secrets:
         return None
     if not signature_holds(secrets, headers, body):

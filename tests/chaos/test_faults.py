@@ -272,8 +272,14 @@ async def test_with_its_redis_killed_mid_load_every_run_finishes_through_the_swe
 ) -> None:
     await engine.publish(WAIT_FLOW)
     with RedisServer() as redis_server:
+        # a slower sweep than fast()'s 0.3 s, so that the wakes Redis delivers on time come
+        # before the sweep would fire their timers (else none may be fired by a wake at all)
         on_redis = dataclasses.replace(
-            settings, queue="redis", redis_url=redis_server.url, queue_prefix="chaos"
+            settings,
+            queue="redis",
+            redis_url=redis_server.url,
+            queue_prefix="chaos",
+            sweep_seconds=2.0,
         )
         a, b = spawn(on_redis, "proc-a", sweeper=True), spawn(on_redis, "proc-b")
         await ready(a, b)

@@ -34,13 +34,19 @@ A lost database connection (a PostgreSQL restart) is repeated once for reads, st
 is, with the same run id) and publishes (idempotent by digest); other writes answer 503 and are
 safe to send again.
 
-Organisations: every request is served for the organisation :func:`current_org` resolves --
-for now always the engine's (``ONWARD_ORG``); tenancy (an API key naming its organisation)
-replaces that one function.
+Organisations and keys: every route but the health probe, the documentation and the signed
+provider callbacks needs an API key (``Authorization: Bearer onw_...``, or HTTP Basic with the
+key as user name or password) of one organisation, holding the scope the route needs
+(``onward.api.scopes``); the request then acts for that organisation only, and what belongs to
+another is answered exactly as what does not exist (404). A missing, wrong or revoked key is
+401 with no detail about which; a key without the scope, 403. Provider callbacks name their
+organisation in the path (``/v1/orgs/{org_id}/hooks/{automation_id}``, ``.../slack/...``) and
+prove themselves by their signature instead.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import math
@@ -53,11 +59,12 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Reques
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from onward import audit
+from onward import api_keys, audit
 from onward import intake as intake_ops
 from onward.api import actions as action_routes
 from onward.api import audit as audit_routes
@@ -65,12 +72,14 @@ from onward.api import cancel as cancel_routes
 from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
 from onward.api import hooks as hook_routes
+from onward.api import keys as key_routes
 from onward.api import migrations as migration_routes
 from onward.api import notify as notify_routes
 from onward.api import outbound as outbound_routes
 from onward.api import people as people_routes
 from onward.api import retention as retention_routes
 from onward.api import schedules as schedule_routes
+from onward.api import scopes
 from onward.api.models import (
     MAX_EVENT_ID,
     NO_NUL,
@@ -119,7 +128,7 @@ from onward.start import Started, start_key_for
 log = logging.getLogger("onward.api")
 T = TypeVar("T")
 
-# -- the organisation of a request (the one place tenancy will change) ----------------------
+# -- the organisation of a request: its API key (or a provider's signature) ----------------
 
 
 async def get_engine(request: Request) -> Engine:
@@ -127,32 +136,23 @@ async def get_engine(request: Request) -> Engine:
     return engine
 
 
-async def current_org(engine: Annotated[Engine, Depends(get_engine)]) -> str:
-    """The organisation this request acts for. Today: the engine's own (``ONWARD_ORG``)."""
-    return engine.org_id
+EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
 @dataclass(frozen=True)
 class Org:
-    """The engine seen from one organisation: what every route works through. Reads (and the
-    idempotent writes: start, publish) are repeated once after a lost connection; every
-    database call answers ``Unavailable`` (503) while the database cannot be reached."""
+    """The engine seen from one organisation: what every route works through. ``engine`` acts
+    for ``org_id`` only (``Engine.for_org``). Reads (and the idempotent writes: start,
+    publish) are repeated once after a lost connection; every database call answers
+    ``Unavailable`` (503) while the database cannot be reached."""
 
     engine: Engine
     org_id: str
 
-    def _check(self) -> None:
-        # Engine methods act for engine.org_id; serving another organisation needs them to
-        # take an org_id first (tenancy). Fail loudly rather than act for the wrong one.
-        if self.org_id != self.engine.org_id:  # pragma: no cover - no tenancy yet
-            raise RuntimeError(f"organisation {self.org_id!r} is not served by this engine")
-
     async def read(self, fn: Callable[[], Awaitable[T]]) -> T:
-        self._check()
         return await read(self.engine.pool, fn)
 
     async def write(self, fn: Callable[[], Awaitable[T]]) -> T:
-        self._check()
         return await write(self.engine.pool, fn)
 
     async def publish(self, document: dict[str, Any]) -> Published:
@@ -170,22 +170,53 @@ class Org:
     async def automations(self) -> list[dict[str, Any]]:
         return await self.read(lambda: list_automations(self.engine.pool, self.org_id))
 
-    async def ping(self) -> None:
-        async def select_one() -> None:
-            async with self.engine.pool.connection(timeout=5.0) as conn:
-                await conn.execute("SELECT 1")
 
-        await self.read(select_one)
+UNAUTHORIZED_DETAIL = "a valid API key is required"
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="An API key (`onw_...`) of the organisation: `Authorization: Bearer <key>` "
+    "(or HTTP Basic with the key as user name or password). Made by `onward keys create` or "
+    "`POST /v1/keys`.",
+)
+
+
+def presented_key(authorization: str | None) -> str | None:
+    """The key an ``Authorization`` header presents: ``Bearer <key>``, or HTTP Basic with the
+    key as user name or password (what a provider that only knows Basic can send)."""
+    scheme, _, value = (authorization or "").strip().partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer":
+        return value or None
+    if scheme.lower() == "basic":
+        try:
+            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return next((part for part in (user, password) if part.startswith(api_keys.PREFIX)), None)
+    return None
 
 
 async def get_org(
-    engine: Annotated[Engine, Depends(get_engine)], org_id: Annotated[str, Depends(current_org)]
+    request: Request,
+    engine: EngineDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Org:
-    audit.act_as(API_ACTOR)  # this request's audit actor (an API key's id once keys exist)
-    return Org(engine, org_id)
-
-
-API_ACTOR = "api"
+    """The organisation a request acts for, by the route's row in ``onward.api.scopes``: the
+    org of its API key (401 with no detail for a missing, wrong or revoked key; 403 for a key
+    without the scope), or for a signed callback the org its path names."""
+    need = scopes.needed(request)
+    if need in (scopes.SIGNED, scopes.PUBLIC):
+        org_id = request.path_params.get("org_id") or engine.org_id
+        audit.act_as(f"callback:{need}")
+        return Org(engine.for_org(org_id), org_id)
+    token = presented_key(request.headers.get("authorization"))
+    principal = await read(engine.pool, lambda: engine.authenticate(token)) if token else None
+    if principal is None:
+        raise Refused(401, "unauthorized", UNAUTHORIZED_DETAIL, {"WWW-Authenticate": "Bearer"})
+    if not principal.allows(need):
+        raise Refused(403, "forbidden", f"this key does not have the scope {need}")
+    audit.act_as(principal.actor)  # this request's audit actor
+    return Org(engine.for_org(principal.org_id), principal.org_id)
 
 
 OrgDep = Annotated[Org, Depends(get_org)]
@@ -314,8 +345,10 @@ def _answer(started: Started, automation_id: str, payload: Any, **how: Any) -> S
 class Refused(HTTPException):
     """An HTTP error with its own ``error`` name."""
 
-    def __init__(self, status: int, error: str, detail: str) -> None:
-        super().__init__(status, detail)
+    def __init__(
+        self, status: int, error: str, detail: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(status, detail, headers)
         self.error = error
 
 
@@ -350,6 +383,7 @@ ERRORS: dict[type[OnwardError], tuple[int, str]] = {
 HTTP_ERRORS = {
     400: "bad_request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
@@ -434,7 +468,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 ERROR_DESCRIPTIONS = {
-    401: "Not authenticated: the signature (or key) does not hold",
+    401: "Not authenticated: no valid API key (or, on a callback, the signature does not hold)",
+    403: "The API key does not have the scope this route needs",
     404: "No such resource",
     409: "Refused in the state the resource is in (recorded); the detail says why",
     413: "The body is larger than the limit; nothing was stored",
@@ -465,12 +500,13 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 # What any route can answer: a body over the limit, invalid input, an internal error, a
 # database that cannot be reached.
-COMMON_ERRORS = _errors(413, 422, 500, 503)
+COMMON_ERRORS = _errors(401, 403, 413, 422, 500, 503)
 NOT_FOUND = _errors(404)
 
 NoNulPath = Annotated[str, Path(pattern=NO_NUL, max_length=256)]
 AutomationIdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 ConnectionIdPath = Annotated[str, Path(pattern=ID_PATTERN)]
+OrgIdPath = Annotated[str, Path(pattern=NO_NUL, min_length=1, max_length=256)]
 EventIdHeader = Annotated[
     str | None,
     Header(
@@ -554,10 +590,16 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     _install_error_handlers(app)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
-    async def healthz(org: OrgDep) -> Health:
-        """The process is up and reaches its database (503 with ``Retry-After`` if not)."""
-        await org.ping()
-        return Health(ok=True, database="ok", org_id=org.org_id)
+    async def healthz(engine: EngineDep) -> Health:
+        """The process is up and reaches its database (503 with ``Retry-After`` if not). No
+        key needed; ``org_id`` is the engine's own organisation (``ONWARD_ORG``)."""
+
+        async def select_one() -> None:
+            async with engine.pool.connection(timeout=5.0) as conn:
+                await conn.execute("SELECT 1")
+
+        await read(engine.pool, select_one)
+        return Health(ok=True, database="ok", org_id=engine.org_id)
 
     # -- automations ---------------------------------------------------------------------
 
@@ -611,20 +653,66 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
 
     # -- starting runs -------------------------------------------------------------------
 
+    hook_responses: dict[int | str, dict[str, Any]] = {
+        200: {"model": StartAnswer, "description": "A duplicate delivery: the same run"},
+        **NOT_FOUND,
+        **_errors(401, 429),
+    }
+    hook_body = _request_body(
+        {"application/json": {"schema": {"type": "object", "description": "the run's input"}}},
+        required=False,
+    )
+
+    async def take_hook(
+        org: Org,
+        automation_id: str,
+        request: Request,
+        response: Response,
+        ids: dict[str, str | None],
+        *,
+        signed: bool,
+    ) -> StartAnswer:
+        settings = org.engine.settings
+        pool, org_id = org.engine.pool, org.org_id
+        raw = await request.body()
+
+        async def verify() -> None:
+            await org.read(
+                lambda: intake_ops.verify(
+                    pool, org_id, automation_id, request.headers, raw, required=signed
+                )
+            )
+
+        if signed:  # an unsigned caller must not spend the organisation's intake limit
+            await verify()
+        # repeated once after a lost connection (a restart): counting a request twice in its
+        # window only brings its limit a request nearer
+        await org.read(
+            lambda: intake_ops.admit(
+                pool,
+                org_id,
+                limit=settings.intake_limit,
+                window_s=settings.intake_window_seconds,
+            )
+        )
+        if not signed:
+            await verify()
+        payload = parse_json(raw, "body") if raw.strip() else {}
+        if not isinstance(payload, dict):
+            raise InvalidInput("body: must be a JSON object (the run's input)")
+        event_id = event_id_of(ids, payload)
+        started = await org.start(automation_id, payload, event_id=event_id)
+        if not started.created:
+            response.status_code = 200
+        return _answer(started, automation_id, payload, event_id=event_id)
+
     @app.post(
         "/v1/hooks/{automation_id}",
         response_model=StartAnswer,
         status_code=202,
         tags=["runs"],
-        responses={
-            200: {"model": StartAnswer, "description": "A duplicate delivery: the same run"},
-            **NOT_FOUND,
-            **_errors(401, 429),
-        },
-        openapi_extra=_request_body(
-            {"application/json": {"schema": {"type": "object", "description": "the run's input"}}},
-            required=False,
-        ),
+        responses=hook_responses,
+        openapi_extra=hook_body,
     )
     async def webhook(
         automation_id: AutomationIdPath,
@@ -637,42 +725,56 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         webhook_timestamp: WebhookTimestampHeader = None,
         webhook_signature: WebhookSignatureHeader = None,
     ) -> Any:
-        """Start a run from a webhook delivery; the JSON body is the run's input.
+        """Start a run from a webhook delivery, with an API key (``runs:write``); the JSON
+        body is the run's input. For a provider that signs instead, see
+        ``/v1/orgs/{org_id}/hooks/{automation_id}``.
 
         An endpoint given secrets (``/v1/automations/{automation_id}/hook-secrets``) requires
-        the Standard Webhooks signature of the body's exact bytes under one of them: 401 with
-        no detail otherwise. Each organisation's intake is rate-limited: 429 with
+        the Standard Webhooks signature of the body's exact bytes under one of them as well:
+        401 with no detail otherwise. Each organisation's intake is rate-limited: 429 with
         ``Retry-After``. Start key: header ``webhook-id``, else ``X-Event-Id``, else
         ``Idempotency-Key``, else the body's ``event_id`` field, else a hash of the body
         (weaker: identical payloads collapse). 202 for a new run, 200 with ``duplicate: true``
         and the same run id for a repeat."""
-        settings = org.engine.settings
-        pool, org_id = org.engine.pool, org.org_id
-        # repeated once after a lost connection (a restart): counting a request twice in its
-        # window only brings its limit a request nearer
-        await org.read(
-            lambda: intake_ops.admit(
-                pool,
-                org_id,
-                limit=settings.intake_limit,
-                window_s=settings.intake_window_seconds,
-            )
-        )
-        raw = await request.body()
-        await org.read(lambda: intake_ops.verify(pool, org_id, automation_id, request.headers, raw))
-        payload = parse_json(raw, "body") if raw.strip() else {}
-        if not isinstance(payload, dict):
-            raise InvalidInput("body: must be a JSON object (the run's input)")
-        headers = {
+        ids = {
             "webhook-id": webhook_id,
             "X-Event-Id": x_event_id,
             "Idempotency-Key": idempotency_key,
         }
-        event_id = event_id_of(headers, payload)
-        started = await org.start(automation_id, payload, event_id=event_id)
-        if not started.created:
-            response.status_code = 200
-        return _answer(started, automation_id, payload, event_id=event_id)
+        return await take_hook(org, automation_id, request, response, ids, signed=False)
+
+    @app.post(
+        "/v1/orgs/{org_id}/hooks/{automation_id}",
+        response_model=StartAnswer,
+        status_code=202,
+        tags=["runs"],
+        responses=hook_responses,
+        openapi_extra=hook_body,
+    )
+    async def signed_webhook(
+        org_id: OrgIdPath,
+        automation_id: AutomationIdPath,
+        request: Request,
+        org: OrgDep,
+        response: Response,
+        x_event_id: EventIdHeader = None,
+        idempotency_key: IdempotencyKeyHeader = None,
+        webhook_id: WebhookIdHeader = None,
+        webhook_timestamp: WebhookTimestampHeader = None,
+        webhook_signature: WebhookSignatureHeader = None,
+    ) -> Any:
+        """A provider's webhook to the organisation ``org_id``: no API key, the Standard
+        Webhooks signature instead -- the endpoint must have secrets
+        (``/v1/automations/{automation_id}/hook-secrets``) and the request must be signed by
+        one of them (401 with no detail otherwise, before anything is counted or stored).
+        Otherwise as ``/v1/hooks/{automation_id}``; the verified ``webhook-id`` is the start
+        key."""
+        ids = {
+            "webhook-id": webhook_id,
+            "X-Event-Id": x_event_id,
+            "Idempotency-Key": idempotency_key,
+        }
+        return await take_hook(org, automation_id, request, response, ids, signed=True)
 
     @app.post(
         "/v1/runs",
@@ -803,6 +905,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(notify_routes.router())
     app.include_router(cancel_routes.router())
     app.include_router(hook_routes.router())
+    app.include_router(key_routes.router())
     _document_automation_schema(app)
     return app
 

@@ -150,7 +150,7 @@ def _answer(got: Delivered, response: Response) -> SignalAnswer:
 
 def router() -> APIRouter:
     """The people-in-the-loop routes, for ``create_app`` to include."""
-    from onward.api.app import NOT_FOUND, JsonRoute, OrgDep, Refused, _errors
+    from onward.api.app import NOT_FOUND, JsonRoute, Org, OrgDep, OrgIdPath, Refused, _errors
 
     routes = APIRouter(route_class=JsonRoute, tags=["signals"])
     refused = _errors(409)
@@ -300,6 +300,47 @@ def router() -> APIRouter:
 
     pending: set[asyncio.Task[None]] = set()
 
+    async def take_click(
+        org: Org,
+        connection_id: str,
+        request: Request,
+        timestamp: str | None,
+        signature: str | None,
+        retry_num: str | None,
+    ) -> SlackAnswer:
+        raw = await request.body()
+        secret = await org.read(
+            lambda: org.engine.integrations.signing_secret(org.org_id, connection_id)
+        )
+        if not _signed(secret, raw, timestamp, signature):
+            raise Refused(
+                401,
+                "invalid_signature",
+                "not signed with this connection's Slack signing secret, or older than 5 minutes",
+            )
+        action, user, response_url = _slack_click(raw)
+        try:
+            got = await org.write(
+                lambda: org.engine.decide_by_token(
+                    action["value"], user, via="slack", action=action["action_id"]
+                )
+            )
+            answer = SlackAnswer(
+                ok=True, outcome=got["status"], text=f"{got['status'].capitalize()} by <@{user}>"
+            )
+            update: dict[str, Any] = {"replace_original": True, "text": answer.text}
+        except DecisionRefused as exc:
+            answer = SlackAnswer(ok=False, outcome=exc.reason, text=str(exc))
+            update = {"response_type": "ephemeral", "replace_original": False, "text": str(exc)}
+            if retry_num and exc.reason == "decided" and "by you" in str(exc):
+                response_url = None  # a retry of a click already answered
+        if response_url:
+            client = await org.engine.integrations.http_client(org.engine.org_id)  # checked
+            task = asyncio.create_task(_tell(client, response_url, update))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        return answer
+
     @routes.post(
         "/v1/slack/{connection_id}/interactivity",
         response_model=SlackAnswer,
@@ -334,38 +375,42 @@ def router() -> APIRouter:
         at most 5 minutes old) is verified before anything is parsed: 401 if it does not
         hold. The decision is stored before the answer; the clicker is told the outcome
         through the message's ``response_url``. Slack's retries decide nothing new."""
-        raw = await request.body()
-        secret = await org.read(
-            lambda: org.engine.integrations.signing_secret(org.org_id, connection_id)
-        )
-        if not _signed(secret, raw, timestamp, signature):
-            raise Refused(
-                401,
-                "invalid_signature",
-                "not signed with this connection's Slack signing secret, or older than 5 minutes",
-            )
-        action, user, response_url = _slack_click(raw)
-        try:
-            got = await org.write(
-                lambda: org.engine.decide_by_token(
-                    action["value"], user, via="slack", action=action["action_id"]
-                )
-            )
-            answer = SlackAnswer(
-                ok=True, outcome=got["status"], text=f"{got['status'].capitalize()} by <@{user}>"
-            )
-            update: dict[str, Any] = {"replace_original": True, "text": answer.text}
-        except DecisionRefused as exc:
-            answer = SlackAnswer(ok=False, outcome=exc.reason, text=str(exc))
-            update = {"response_type": "ephemeral", "replace_original": False, "text": str(exc)}
-            if retry_num and exc.reason == "decided" and "by you" in str(exc):
-                response_url = None  # a retry of a click already answered
-        if response_url:
-            client = await org.engine.integrations.http_client(org.engine.org_id)  # checked
-            task = asyncio.create_task(_tell(client, response_url, update))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-        return answer
+        return await take_click(org, connection_id, request, timestamp, signature, retry_num)
+
+    @routes.post(
+        "/v1/orgs/{org_id}/slack/{connection_id}/interactivity",
+        response_model=SlackAnswer,
+        tags=["approvals"],
+        responses={**NOT_FOUND, **_errors(401)},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/x-www-form-urlencoded": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"payload": {"type": "string"}},
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def org_slack_interactivity(
+        org_id: OrgIdPath,
+        connection_id: Annotated[str, Path(pattern=ID_PATTERN)],
+        request: Request,
+        org: OrgDep,
+        timestamp: Annotated[
+            str | None, Header(alias="X-Slack-Request-Timestamp", max_length=32)
+        ] = None,
+        signature: Annotated[str | None, Header(alias="X-Slack-Signature", max_length=256)] = None,
+        retry_num: Annotated[str | None, Header(alias="X-Slack-Retry-Num", max_length=8)] = None,
+    ) -> Any:
+        """Slack's interactivity requests for the organisation ``org_id`` (no API key: the
+        connection's Slack signing secret proves them), as ``/v1/slack/{connection_id}/...``
+        does for the engine's own organisation."""
+        return await take_click(org, connection_id, request, timestamp, signature, retry_num)
 
     return routes
 
