@@ -19,11 +19,6 @@ UPDATE api_keys SET revoked_at = now(), revoked_by = %(by)s
 WHERE org_id = %(org_id)s AND key_id = %(key_id)s AND revoked_at IS NULL
 RETURNING key_id, name, scopes, created_at, created_by, revoked_at, revoked_by, last_used_at;
 
--- name: get
-SELECT key_id, name, scopes, created_at, created_by, revoked_at, revoked_by, last_used_at
-FROM api_keys
-WHERE org_id = %(org_id)s AND key_id = %(key_id)s;
-
 -- name: lookup
 -- The one cross-organisation read: which organisation a presented key belongs to.
 SELECT org_id, key_id, scopes, secret_hash, revoked_at

@@ -40,7 +40,7 @@ from onward.automations.document import AutomationDoc
 from onward.automations.versions import Published, VersionCache, publish, publish_all
 from onward.config import Settings
 from onward.connections import Integrations
-from onward.db import Pool, make_pool, resolve_url
+from onward.db import API_ROLE, Pool, make_pool, org_pool, resolve_url
 from onward.db.migrate import apply as apply_migrations
 from onward.effects import Effects
 from onward.errors import DecisionRefused, UnknownAutomation
@@ -81,6 +81,7 @@ class Engine:
     ) -> None:
         self.settings, self.url, self.pool, self.queue = settings, url, pool, queue
         self.registry = registry
+        self.api_pool: Pool | None = None  # Engine.open makes it (as_tenant)
         self.versions = VersionCache(pool)
         self.org_id = settings.org_id
         self.id = new_worker_id()
@@ -116,17 +117,25 @@ class Engine:
             await asyncio.to_thread(apply_migrations, url)
         pool = make_pool(url, max_size=pool_size)
         await pool.open(wait=True)
+        # the HTTP API's connections (row-level security, one organisation each): none until
+        # a request needs one
+        api_pool = make_pool(url, min_size=0, max_size=pool_size, name="onward-api", role=API_ROLE)
+        await api_pool.open(wait=False)
         queue = make_queue(settings, url)
         try:
+            async with pool.connection() as conn:
+                await vault.warm(conn)  # the API's role may not read the database's own key
             if start_queue:
                 await queue.start()
             engine = cls(settings, url, pool, queue, registry or default_registry)
+            engine.api_pool = api_pool
             try:
                 yield engine
             finally:
                 await engine.integrations.aclose()
         finally:
             await queue.close()
+            await api_pool.close()
             await pool.close()
 
     # -- the library API -------------------------------------------------------------------
@@ -863,6 +872,21 @@ class Engine:
             return self
         view = copy.copy(self)
         view.org_id = org_id
+        return view
+
+    def as_tenant(self, org_id: str) -> Engine:
+        """This engine as the HTTP API serves ``org_id``: a view whose every statement runs on
+        the API's pool, as role ``onward_api`` with ``onward.org_id`` set (``db.OrgPool``), so
+        PostgreSQL's row-level security shows and admits that organisation's rows only, even
+        to a query that forgot its ``org_id``. Published versions are still read through the
+        engine's cache (immutable rows, keyed by organisation)."""
+        if self.api_pool is None:  # an engine built by hand, without Engine.open
+            return self.for_org(org_id)
+        view = copy.copy(self)
+        view.org_id = org_id
+        view.pool = org_pool(self.api_pool, org_id)
+        view.integrations = copy.copy(self.integrations)
+        view.integrations.pool = view.pool
         return view
 
     # -- signed intake (issue 14, onward.intake) ------------------------------------------------

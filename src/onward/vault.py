@@ -183,6 +183,13 @@ async def _read_local_key(conn: Conn, *, make: bool) -> bytes | None:
     return _key_bytes(row["secret"], "engine_secrets secrets_key") if row else None
 
 
+async def warm(conn: Conn) -> None:
+    """Read (and, with no configured keys, make) the database's own key into this process's
+    cache, on an engine connection: the API's connections (role ``onward_api``) may not read
+    ``engine_secrets``, so they find it here."""
+    await _local_key(conn, make=not configured_keys())
+
+
 async def keyring(conn: Conn, *, for_key: str | None = None) -> Keyring:
     """The configured keys; with none, the database's own (made on first use). ``for_key``: a
     key id about to be decrypted -- the database's key is added if that is the one."""

@@ -208,7 +208,7 @@ async def get_org(
     if need in (scopes.SIGNED, scopes.PUBLIC):
         org_id = request.path_params.get("org_id") or engine.org_id
         audit.act_as(f"callback:{need}")
-        return Org(engine.for_org(org_id), org_id)
+        return Org(engine.as_tenant(org_id), org_id)
     token = presented_key(request.headers.get("authorization"))
     principal = await read(engine.pool, lambda: engine.authenticate(token)) if token else None
     if principal is None:
@@ -216,7 +216,7 @@ async def get_org(
     if not principal.allows(need):
         raise Refused(403, "forbidden", f"this key does not have the scope {need}")
     audit.act_as(principal.actor)  # this request's audit actor
-    return Org(engine.for_org(principal.org_id), principal.org_id)
+    return Org(engine.as_tenant(principal.org_id), principal.org_id)
 
 
 OrgDep = Annotated[Org, Depends(get_org)]

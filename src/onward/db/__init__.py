@@ -6,11 +6,12 @@ database abstraction layer, only named SQL files beside the modules that run the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -32,19 +33,42 @@ def resolve_url(settings: Settings) -> str:
     return ensure_server(settings.data_dir)
 
 
-async def _configure(conn: Conn) -> None:
-    # Every statement of onward is short; a runaway one should fail rather than hold locks.
-    await conn.execute("SET statement_timeout = '60s'")
-    await conn.execute("SET idle_in_transaction_session_timeout = '120s'")
-    await conn.set_autocommit(True)
+# The roles a process's connections act as (migration 0019_row_security): the URL's user
+# becomes one of them with SET ROLE, and row-level security applies from then on.
+ENGINE_ROLE = "onward_engine"  # workers, sweeper, relays, CLI: crosses orgs, explicitly
+API_ROLE = "onward_api"  # the HTTP API: one organisation per lent connection (OrgPool)
 
 
-def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "onward") -> Pool:
-    """An async pool of autocommit connections returning dict rows.
+def _configure_as(role: str) -> Callable[[Conn], Awaitable[None]]:
+    async def configure(conn: Conn) -> None:
+        # Every statement of onward is short; a runaway one should fail rather than hold locks.
+        await conn.execute("SET statement_timeout = '60s'")
+        await conn.execute("SET idle_in_transaction_session_timeout = '120s'")
+        await conn.execute(f"SET ROLE {role}")
+        await conn.set_autocommit(True)
+
+    return configure
+
+
+async def _forget_org(conn: Conn) -> None:
+    await conn.execute("RESET onward.org_id")
+
+
+def make_pool(
+    url: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    name: str = "onward",
+    role: str = ENGINE_ROLE,
+) -> Pool:
+    """An async pool of autocommit connections returning dict rows, acting as ``role``.
 
     No per-checkout health check: it would cost a round trip on every statement of the hot
     path. A connection that breaks raises ``OperationalError`` to its user, who treats the
     outcome as unknown (fenced writes make that safe), and the pool discards it on return.
+    The API's pool (``role=API_ROLE``) is lent through :class:`OrgPool`; on return each of its
+    connections forgets its organisation (``reset``; one whose reset fails is discarded).
     """
     return AsyncConnectionPool(
         url,
@@ -52,10 +76,42 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "o
         min_size=min_size,
         max_size=max_size,
         kwargs={"row_factory": dict_row, "autocommit": True, "prepare_threshold": 0},
-        configure=_configure,
+        configure=_configure_as(role),
+        reset=_forget_org if role == API_ROLE else None,
         name=name,
         open=False,
     )
+
+
+class OrgPool:
+    """The API pool as one organisation sees it: every connection it lends has
+    ``onward.org_id`` set to ``org_id`` before its first statement, so row-level security
+    (role ``onward_api``) shows and admits that organisation's rows only -- whatever the
+    query says. The pool resets the setting when the connection comes back.
+
+    It stands in for a ``Pool`` wherever onward's functions take one (they use
+    ``connection()``); the health bookkeeping of ``read``/``write`` uses ``base``."""
+
+    def __init__(self, base: Pool, org_id: str) -> None:
+        self.base, self.org_id = base, org_id
+
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[Conn]:
+        async with self.base.connection(timeout=timeout) as conn:
+            await conn.execute("SELECT set_config('onward.org_id', %s, false)", (self.org_id,))
+            yield conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+
+def org_pool(base: Pool, org_id: str) -> Pool:
+    """``base`` (an API pool) lending connections that see ``org_id`` only (:class:`OrgPool`)."""
+    return cast(Pool, OrgPool(base, org_id))
+
+
+def _base(pool: Pool) -> Pool:
+    return cast(Pool, getattr(pool, "base", pool))
 
 
 # -- reads that survive a restart, and a database that is down ---------------------------------
@@ -117,6 +173,7 @@ async def reachable(pool: Pool) -> None:
 
 
 async def _attempt(pool: Pool, fn: Callable[[], Awaitable[T]], *, repeat: bool) -> T:
+    pool = _base(pool)
     if pool in _down:
         await reachable(pool)
     try:

@@ -1,7 +1,7 @@
 """The schema as the migrations leave it, in one canonical text (``db/schema.sql``).
 
 ``db/schema.sql`` is checked in: a reader sees every table, constraint, index and function in
-one place, and tests/contracts/test_schema.py fails when the migrations and that file disagree.
+one place (row-level security and its policies too), and tests/contracts/test_schema.py fails when the migrations and that file disagree.
 The text is read from the catalog, not from ``pg_dump``, so it does not change with the
 client's version. Regenerate it after adding a migration::
 
@@ -39,6 +39,13 @@ ORDER BY c.relname
 _TRIGGERS = """
 SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal ORDER BY tgname
 """
+_SECURITY = """
+SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = %s
+"""
+_POLICIES = """
+SELECT policyname, array_to_string(roles, ', '), cmd, qual, with_check FROM pg_policies
+WHERE schemaname = current_schema() AND tablename = %s ORDER BY policyname
+"""
 _FUNCTIONS = """
 SELECT pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE n.nspname = current_schema() ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)
@@ -66,6 +73,16 @@ def dump(url: str) -> str:
             out.append(f"CREATE TABLE {table} (\n" + ",\n".join(lines) + "\n);")
             out.extend(f"{row[0]};" for row in conn.execute(_INDEXES, (oid,)))
             out.extend(f"{row[0]};" for row in conn.execute(_TRIGGERS, (oid,)))
+            security = conn.execute(_SECURITY, (oid,)).fetchone()
+            if security is not None and security[0]:
+                out.append(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;")
+            if security is not None and security[1]:
+                out.append(f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY;")
+            for name, roles, cmd, qual, check in conn.execute(_POLICIES, (table,)):
+                policy = f"CREATE POLICY {name} ON {table} FOR {cmd} TO {roles}"
+                policy += f" USING ({qual})" if qual else ""
+                policy += f" WITH CHECK ({check})" if check else ""
+                out.append(policy + ";")
             out.append("")
         for (definition,) in conn.execute(_FUNCTIONS):
             out.append(definition.strip() + ";")
