@@ -588,6 +588,13 @@ async def _serve(
             await api.start()
             waiters.append(asyncio.ensure_future(api.wait_closed()))
             log.info("API on %s (OpenAPI at %s/docs)", api.url, api.url)
+            if not any(k["revoked_at"] is None for k in await engine.keys()):
+                log.info(
+                    "organisation %s has no API key yet: every route but /healthz needs one "
+                    "(onward --org %s keys create admin --scope admin)",
+                    engine.org_id,
+                    engine.org_id,
+                )
         if background:
             svc = engine.background(lanes=lanes, relay=relay, sweeper=sweeper)
             waiters.append(asyncio.ensure_future(engine.run_background(svc)))
