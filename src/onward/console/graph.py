@@ -18,7 +18,7 @@ from xml.sax.saxutils import escape
 from onward.automations.document import AutomationDoc
 from onward.kinds import Registry
 
-BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 168, 40, 28, 36, 16
+BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 150, 38, 24, 34, 14
 
 
 @dataclass
@@ -165,9 +165,9 @@ def render_svg(
         parts.append(
             f'<g class="{cls}" data-step="{escape(name)}"><rect x="{x:.0f}" y="{y:.0f}" '
             f'width="{BOX_W}" height="{BOX_H}" rx="6"/>'
-            f'<text x="{x + BOX_W / 2:.0f}" y="{y + 16:.0f}" class="id">{escape(name[:22])}</text>'
+            f'<text x="{x + BOX_W / 2:.0f}" y="{y + 16:.0f}" class="id">{escape(name[:20])}</text>'
             f'<text x="{x + BOX_W / 2:.0f}" y="{y + 31:.0f}" class="kind">'
-            f"{escape(graph.kinds[name][:26])}</text></g>"
+            f"{escape(graph.kinds[name][:24])}</text></g>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -190,6 +190,6 @@ def _edge(
     else:
         mid = (ay + by) / 2
         d = f"M{ax:.0f},{ay:.0f} C{ax:.0f},{mid:.0f} {bx:.0f},{mid:.0f} {bx:.0f},{by:.0f}"
-        lx, ly = (ax + bx) / 2 + 4, mid - 2
+        lx, ly = bx + 6, by - 5  # beside the arrowhead: labels of one source never meet
     text = f'<text x="{lx:.0f}" y="{ly:.0f}" class="label">{escape(label)}</text>' if label else ""
     return f'<path d="{d}" class="{cls}" marker-end="{marker}"/>{text}'

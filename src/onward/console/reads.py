@@ -221,4 +221,3 @@ async def version(
     args = {"org_id": org_id, "automation_id": automation_id, "version": number}
     async with pool.connection() as conn:
         return await (await conn.execute(Q.version_row, args)).fetchone()
-
