@@ -41,7 +41,9 @@ class Shots:
 
     async def take(self, page: Page, name: str) -> None:
         path = self.folder / f"{name}.png"
-        await page.screenshot(path=str(path), full_page=name != "run")
+        # the run's page is long (its whole timeline): its first 1,700 pixels say enough
+        clip = {"x": 0, "y": 0, "width": 1360, "height": 1700} if name == "run" else None
+        await page.screenshot(path=str(path), full_page=True, clip=clip)
         self.taken[name] = path
 
     def publish(self) -> None:
@@ -112,13 +114,17 @@ async def test_the_console_in_a_browser(
     api = ApiServer(create_app(engine), port=0, log_level="warning", access_log=False)
     async with engine.running(), api:
         # a few runs of another automation, for the list and its filter
-        others = [(await engine.start("hello", {"n": n}, event_id=f"h{n}")).run_id for n in range(3)]
+        others = [
+            (await engine.start("hello", {"n": n}, event_id=f"h{n}")).run_id for n in range(3)
+        ]
         maya, _ = await run_follow_up(
             settings, engine, api.url, out=lines.append, payload=None, timeout=90
         )
         assert await engine.status(maya) == "completed", "\n".join(lines)
         parked = await budget_parked_run(engine, sandbox)
-        context = await browser.new_context(bypass_csp=True, viewport={"width": 1360, "height": 900})
+        context = await browser.new_context(
+            bypass_csp=True, viewport={"width": 1360, "height": 900}
+        )
 
         # -- log in (the login page first), then the run list ---------------------------------
         login = await context.new_page()
@@ -161,9 +167,7 @@ async def test_the_console_in_a_browser(
         visited = await page.locator("svg.graph g.node.visited").evaluate_all(
             "nodes => nodes.map(n => n.dataset.step)"
         )
-        assert {"morning", "draft", "crm", "approve", "send", "wait_reply", "thank"} <= set(
-            visited
-        )
+        assert {"morning", "draft", "crm", "approve", "send", "wait_reply", "thank"} <= set(visited)
         assert "not_sent" not in visited and "no_reply" not in visited
         assert await page.locator("svg.graph path.edge.taken").count() >= 6
         timeline = await page.locator("table.timeline tbody tr td:nth-child(4)").all_inner_texts()

@@ -135,7 +135,11 @@ async def test_the_list_pages_by_keyset_and_filters(engine: Engine) -> None:
 async def test_actions_need_csrf_same_origin_and_the_write_scope(
     engine: Engine, sql: psycopg.Connection
 ) -> None:
-    flow = Automation("pause").step("nap", "wait_for", duration="1h").step("after", "set", values={"x": "1"})
+    flow = (
+        Automation("pause")
+        .step("nap", "wait_for", duration="1h")
+        .step("after", "set", values={"x": "1"})
+    )
     await engine.publish(flow.build())
     run_id = (await engine.start("pause", {}, event_id="evt-nap")).run_id
     async with engine.running():

@@ -61,7 +61,8 @@ def _branch_labels(params: dict[str, Any]) -> dict[str, str]:
     labels: dict[str, str] = {}
     for case in params.get("cases") or []:
         if isinstance(case, dict) and isinstance(case.get("next"), str):
-            labels.setdefault(case["next"], str(case.get("when", ""))[:40])
+            when = str(case.get("when", ""))
+            labels.setdefault(case["next"], when if len(when) <= 22 else when[:21] + "…")
     if isinstance(params.get("default"), str):
         labels.setdefault(params["default"], "default")
     return labels
