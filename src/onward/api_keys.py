@@ -145,6 +145,13 @@ async def revoke(
     return dict(row)
 
 
+async def is_live(pool: Pool, key_id: str) -> bool:
+    """Whether ``key_id`` names a key that is not revoked (a console session's check)."""
+    async with pool.connection() as conn:
+        row = await (await conn.execute(Q.lookup, {"key_id": key_id})).fetchone()
+    return row is not None and row["revoked_at"] is None
+
+
 _touched: dict[str, float] = {}  # key_id -> when this process last wrote its last_used_at
 
 

@@ -772,6 +772,7 @@ BENCHES = {
     "recompute": "onward.bench.recompute",
     "lanes": "onward.bench.lanes",
     "retention": "onward.bench.retention",
+    "console": "onward.bench.console",
 }
 
 

@@ -906,6 +906,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(cancel_routes.router())
     app.include_router(hook_routes.router())
     app.include_router(key_routes.router())
+    from onward.console.pages import router as console_router  # pages at /, for people
+
+    app.include_router(console_router())
     _document_automation_schema(app)
     return app
 

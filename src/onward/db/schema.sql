@@ -243,6 +243,7 @@ CREATE TABLE effects (
     CONSTRAINT effects_status_check CHECK ((status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text, 'settled'::text, 'review'::text, 'skipped'::text])))
 );
 CREATE INDEX effects_by_run ON public.effects USING btree (org_id, run_id);
+CREATE INDEX effects_recent ON public.effects USING btree (org_id, created_at);
 CREATE INDEX effects_review ON public.effects USING btree (org_id, run_id, seq) WHERE (status = 'review'::text);
 CREATE INDEX effects_unsettled ON public.effects USING btree (org_id, lease_until) WHERE (status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text]));
 ALTER TABLE effects ENABLE ROW LEVEL SECURITY;
@@ -558,7 +559,9 @@ CREATE TABLE runs (
 CREATE INDEX runs_by_version ON public.runs USING btree (org_id, automation_id, version, run_id) WHERE (finished_at IS NULL);
 CREATE INDEX runs_contact ON public.runs USING btree (org_id, contact_id) WHERE (contact_id IS NOT NULL);
 CREATE INDEX runs_finished ON public.runs USING btree (org_id, finished_at) WHERE (finished_at IS NOT NULL);
-CREATE INDEX runs_listing ON public.runs USING btree (org_id, created_at DESC);
+CREATE INDEX runs_page ON public.runs USING btree (org_id, created_at, run_id);
+CREATE INDEX runs_page_by_automation ON public.runs USING btree (org_id, automation_id, created_at, run_id);
+CREATE INDEX runs_page_by_status ON public.runs USING btree (org_id, status, created_at, run_id);
 CREATE INDEX runs_unfinished ON public.runs USING btree (org_id, status) WHERE (finished_at IS NULL);
 CREATE INDEX runs_waiting_deadline ON public.runs USING btree (org_id, deadline_at) WHERE (status = ANY (ARRAY['waiting'::text, 'parked'::text]));
 ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
@@ -697,6 +700,7 @@ CREATE TABLE timers (
 CREATE INDEX timers_by_step ON public.timers USING btree (org_id, run_id, seq);
 CREATE INDEX timers_calendar_pending ON public.timers USING btree (org_id, timer_id) WHERE ((fired_at IS NULL) AND (intent ? 'rule'::text));
 CREATE INDEX timers_due ON public.timers USING btree (org_id, due_at) WHERE (fired_at IS NULL);
+CREATE INDEX timers_fired ON public.timers USING btree (org_id, fired_at) WHERE (fired_at IS NOT NULL);
 ALTER TABLE timers ENABLE ROW LEVEL SECURITY;
 ALTER TABLE timers FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON timers FOR ALL TO onward_engine USING (true) WITH CHECK (true);
