@@ -563,10 +563,17 @@ async def _serve(
     relay: bool = True,
     sweeper: bool = True,
     documents: Sequence[tuple[str, Document]] = (),
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """Publish ``documents`` (the app's automations, for ``up``), then run the API and/or
     the background tasks until a signal, then stop in order: first the API (no new starts),
     then the background tasks (workers drain within the grace)."""
+    from onward import metrics
+
+    served_at = metrics.configure(settings.metrics)
+    if api_at is None and served_at is not None and settings.metrics_port is not None:
+        port = metrics.serve(settings.metrics_port, metrics_host)
+        log.info("metrics on http://%s:%s/metrics", metrics_host, port)
     async with _open(settings, start_queue=background, pool_size=20) as engine:
         if documents:
             published = await _publish_documents(engine, list(documents))
@@ -656,6 +663,19 @@ def worker(
     sweeper: Annotated[
         bool, typer.Option("--sweeper/--no-sweeper", help="stand for the sweeper election")
     ] = True,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="ONWARD_METRICS_PORT",
+            min=0,
+            max=65535,
+            help="serve Prometheus metrics on this port (0: any free port)",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="address the metrics port listens on")
+    ] = "127.0.0.1",
 ) -> None:
     """Worker + relay + sweeper, without the API, until SIGINT/SIGTERM (graceful).
 
@@ -665,10 +685,11 @@ def worker(
     elected)."""
     _run(
         _serve(
-            _settings(ctx),
+            _settings(ctx, metrics_port=metrics_port),
             api_at=None,
             background=True,
             lanes=_parse_lanes(lanes),
+            metrics_host=metrics_host,
             relay=relay,
             sweeper=sweeper,
         )

@@ -65,6 +65,7 @@ from onward.api import cancel as cancel_routes
 from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
 from onward.api import hooks as hook_routes
+from onward.api import metrics as metrics_routes
 from onward.api import migrations as migration_routes
 from onward.api import notify as notify_routes
 from onward.api import outbound as outbound_routes
@@ -803,6 +804,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     app.include_router(notify_routes.router())
     app.include_router(cancel_routes.router())
     app.include_router(hook_routes.router())
+    app.include_router(metrics_routes.router())
     _document_automation_schema(app)
     return app
 
