@@ -570,11 +570,14 @@ async def _serve(
     then the background tasks (workers drain within the grace)."""
     from onward import metrics
 
-    served_at = metrics.configure(settings.metrics)
-    if api_at is None and served_at is not None and settings.metrics_port is not None:
-        port = metrics.serve(settings.metrics_port, metrics_host)
-        log.info("metrics on http://%s:%s/metrics", metrics_host, port)
-    async with _open(settings, start_queue=background, pool_size=20) as engine:
+    metrics.configure(settings.metrics)
+    own_port = settings.metrics_port if api_at is None else None  # else: the API's /metrics
+    async with (
+        metrics.serving(own_port, metrics_host) as metrics_port,
+        _open(settings, start_queue=background, pool_size=20) as engine,
+    ):
+        if metrics_port is not None:
+            log.info("metrics on http://%s:%s/metrics", metrics_host, metrics_port)
         if documents:
             published = await _publish_documents(engine, list(documents))
             for p, (source, _) in zip(published, documents, strict=True):
@@ -786,6 +789,7 @@ BENCHES = {
     "recompute": "onward.bench.recompute",
     "lanes": "onward.bench.lanes",
     "retention": "onward.bench.retention",
+    "metrics": "onward.bench.metrics",
 }
 
 

@@ -22,8 +22,9 @@ def router() -> APIRouter:
         return routes
 
     @routes.get(metrics.path, include_in_schema=False)
-    def scrape(request: Request) -> Response:
-        """Rendered on a worker thread: the event loop keeps serving while it renders."""
+    async def scrape(request: Request) -> Response:
+        """Rendered in the event loop (~1 ms): a thread would contend with the loop for the
+        GIL for longer than the rendering takes (``onward.metrics.serving``)."""
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encoder(REGISTRY), media_type=content_type)
 
