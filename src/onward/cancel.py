@@ -29,7 +29,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from onward import approvals, audit, effects, operations, signals, timers
+from onward import approvals, audit, effects, metrics, operations, signals, timers
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import InvalidInput, UnknownRun
@@ -91,6 +91,7 @@ async def cancel_in_tx(
     )
     await timers.close_for_run(conn, org_id, run_id, fired_by="cancelled")
     await approvals.cancel_pending(conn, org_id, run_id)
+    metrics.run_finished("cancelled")
     return {**answer, "status": "cancelled", "outcome": "cancelled", "was": was}
 
 

@@ -563,11 +563,21 @@ async def _serve(
     relay: bool = True,
     sweeper: bool = True,
     documents: Sequence[tuple[str, Document]] = (),
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """Publish ``documents`` (the app's automations, for ``up``), then run the API and/or
     the background tasks until a signal, then stop in order: first the API (no new starts),
     then the background tasks (workers drain within the grace)."""
-    async with _open(settings, start_queue=background, pool_size=20) as engine:
+    from onward import metrics
+
+    metrics.configure(settings.metrics)
+    own_port = settings.metrics_port if api_at is None else None  # else: the API's /metrics
+    async with (
+        metrics.serving(own_port, metrics_host) as metrics_port,
+        _open(settings, start_queue=background, pool_size=20) as engine,
+    ):
+        if metrics_port is not None:
+            log.info("metrics on http://%s:%s/metrics", metrics_host, metrics_port)
         if documents:
             published = await _publish_documents(engine, list(documents))
             for p, (source, _) in zip(published, documents, strict=True):
@@ -663,6 +673,19 @@ def worker(
     sweeper: Annotated[
         bool, typer.Option("--sweeper/--no-sweeper", help="stand for the sweeper election")
     ] = True,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="ONWARD_METRICS_PORT",
+            min=0,
+            max=65535,
+            help="serve Prometheus metrics on this port (0: any free port)",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="address the metrics port listens on")
+    ] = "127.0.0.1",
 ) -> None:
     """Worker + relay + sweeper, without the API, until SIGINT/SIGTERM (graceful).
 
@@ -672,10 +695,11 @@ def worker(
     elected)."""
     _run(
         _serve(
-            _settings(ctx),
+            _settings(ctx, metrics_port=metrics_port),
             api_at=None,
             background=True,
             lanes=_parse_lanes(lanes),
+            metrics_host=metrics_host,
             relay=relay,
             sweeper=sweeper,
         )
@@ -773,6 +797,7 @@ BENCHES = {
     "lanes": "onward.bench.lanes",
     "retention": "onward.bench.retention",
     "console": "onward.bench.console",
+    "metrics": "onward.bench.metrics",
 }
 
 

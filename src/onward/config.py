@@ -48,6 +48,10 @@ def _env_int(name: str, default: int) -> int:
     return int(_env_float(name, default))
 
 
+def _env_port(name: str) -> int | None:
+    return _env_int(name, 0) if os.environ.get(name) else None
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None  # None: start the embedded PostgreSQL
@@ -87,6 +91,13 @@ class Settings:
     outbound_allow: tuple[str, ...] = ()
     outbound_max_response_bytes: int = 10 * 1024 * 1024
     outbound_max_seconds: float = 30.0
+    #: ``/metrics`` (the path the API serves Prometheus metrics at), another path, or ``off``
+    #: (onward.metrics: no route, no counting)
+    metrics: str = "/metrics"
+    #: a worker-only process serves its metrics on this port (``onward worker --metrics-port``)
+    metrics_port: int | None = None
+    #: how often the elected sweeper measures the health gauges
+    metrics_seconds: float = 15.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -121,6 +132,9 @@ class Settings:
                 "ONWARD_OUTBOUND_MAX_RESPONSE_BYTES", 10 * 1024 * 1024
             ),
             outbound_max_seconds=_env_float("ONWARD_OUTBOUND_MAX_SECONDS", 30.0),
+            metrics=os.environ.get("ONWARD_METRICS") or "/metrics",
+            metrics_port=_env_port("ONWARD_METRICS_PORT"),
+            metrics_seconds=_env_float("ONWARD_METRICS_SECONDS", 15.0),
         )
         if os.environ.get("ONWARD_LANES"):
             s = replace(s, lanes=_lanes(os.environ["ONWARD_LANES"]))
@@ -156,5 +170,11 @@ class Settings:
             raise ConfigError(f"ONWARD_OUTBOUND_ALLOW: {exc}") from None
         if self.outbound_max_response_bytes < 1 or self.outbound_max_seconds <= 0:
             raise ConfigError("ONWARD_OUTBOUND_MAX_RESPONSE_BYTES and _MAX_SECONDS must be > 0")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"ONWARD_METRICS_PORT={self.metrics_port}: a port, 0 to 65535")
+        if self.metrics_seconds <= 0:
+            raise ConfigError("ONWARD_METRICS_SECONDS must be > 0")
+        if self.metrics.strip().lower() not in ("off", "on") and not self.metrics.startswith("/"):
+            raise ConfigError(f"ONWARD_METRICS={self.metrics!r}: a path (/metrics), on, or off")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ConfigError("the heartbeat interval must be shorter than the lease")

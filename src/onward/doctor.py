@@ -285,3 +285,33 @@ def render(checks: list[Check]) -> str:
         + (f", {warned} warning{'s' * (warned > 1)}" if warned else "")
     )
     return "\n".join(lines)
+
+
+async def measurements(conn: Any, *, grace: float = 300.0, limit: int = 1000) -> dict[str, Any]:
+    """The numbers behind the checks, without their verdicts, from the same queries as
+    :func:`run_checks` (the same ``grace``): what the elected leader exports as Prometheus
+    gauges (``onward.metrics``), so a scrape and ``onward doctor`` agree on one database.
+    ``outbox_backlog`` is the relay's backlog now (no grace): unsent wakes already due."""
+    no_way = await (
+        await conn.execute(Q.no_way_forward, {"settle": 5.0, "limit": limit})
+    ).fetchall()
+    overdue = await (await conn.execute(Q.overdue_timers, {"grace": grace})).fetchone()
+    stale = await (await conn.execute(Q.stale_outbox, {"grace": grace})).fetchone()
+    backlog = await (await conn.execute(Q.stale_outbox, {"grace": 0.0})).fetchone()
+    expired = await (await conn.execute(Q.expired_leases, {"grace": grace})).fetchone()
+    unsettled = await (await conn.execute(Q.unsettled_effects, {"grace": grace})).fetchone()
+    assert overdue and stale and backlog and expired and unsettled
+    return {
+        "runs_without_way_forward": len(no_way),
+        "overdue_timers": overdue["overdue"],
+        "overdue_timers_oldest_s": overdue["oldest_age_s"] or 0.0,
+        "stale_outbox": stale["stale"],
+        "outbox_backlog": backlog["stale"],
+        "outbox_backlog_oldest": backlog["oldest"],
+        "expired_leases": expired["expired"],
+        "unsettled_effects": unsettled["unsettled"],
+        "unrouted_signals": (await signals.unrouted(conn, grace=grace))["unrouted"],
+        "undelivered_notifications": (await notify.undelivered(conn, grace=grace))["undelivered"],
+        "lanes": [dict(r) for r in await (await conn.execute(Q.lanes, {})).fetchall()],
+        "circuits": await circuits.not_closed_everywhere(conn),
+    }

@@ -645,6 +645,7 @@ class Engine:
                 interval=self.settings.sweep_seconds,
                 kick=kick,
                 retention_days=self.settings.retention_days,
+                metrics_seconds=self.settings.metrics_seconds,
             )
         if relay:
             svc.notifier = notify_ops.DeliveryRelay(

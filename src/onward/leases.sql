@@ -19,7 +19,8 @@ claimed AS (
     FROM picked p
     WHERE s.org_id = p.org_id AND s.run_id = p.run_id AND s.seq = p.seq
     RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.kind, s.lane, s.iteration, s.attempt,
-              s.failures, s.wake, s.version AS step_version
+              s.failures, s.wake, s.version AS step_version,
+              extract(epoch FROM now() - s.available_at)::float8 AS queue_lag_s
 ),
 hist AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)

@@ -19,6 +19,7 @@ import logging
 
 import psycopg
 
+from onward import metrics
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -78,6 +79,7 @@ class Relay:
                 },
             )
         self.published += len(rows)
+        metrics.published(len(rows))
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from onward import approvals, connections, leases, signals
+from onward import approvals, connections, leases, metrics, signals
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.leases import AdvanceSettle, Token
@@ -156,9 +156,11 @@ class Settler:
         or a person. The run's transition lock first, the lock a cancel takes, so the check
         sees a cancel committed before it and a later cancel finds the step settled."""
         await signals.lock_run(conn, token.org_id, token.run_id)
-        return await leases.settle_cancel_requested(
+        cancelled = await leases.settle_cancel_requested(
             conn, token, worker=self.worker, instead_of=instead_of
         )
+        metrics.run_finished("cancelled", int(cancelled))
+        return cancelled
 
     async def wait(self, token: Token, t: WaitTimer) -> bool:
         """The step waits (on a timer, on signals, on a person). One transaction with the run's

@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from onward import audit, erasure, ids
+from onward import audit, erasure, ids, metrics
 from onward.automations.versions import VersionCache
 from onward.crashpoints import crash_point
 from onward.db import Pool
@@ -107,6 +107,7 @@ async def start_run(
                 row = await (await conn.execute(Q.start_run, args)).fetchone()
         if row is not None:
             crash_point("start.after_commit")
+            metrics.run_started(True)
             return Started(row["run_id"], True, start_key)
         # Conflict (another delivery started it: a fresh statement sees its committed row), or
         # no such automation or version.
@@ -115,6 +116,7 @@ async def start_run(
     if dup is None:
         what = f"version {version} of " if version else ""
         raise UnknownAutomation(f"no published {what}automation {automation_id!r} in {org_id!r}")
+    metrics.run_started(False)
     return Started(dup["run_id"], False, start_key)
 
 
@@ -171,6 +173,7 @@ async def fork_run(pool: Pool, org_id: str, plan: ForkPlan, *, by: str) -> Start
                     detail={"run_id": row["run_id"], "step": plan.step_id, "version": plan.version},
                 )
         if row is not None:
+            metrics.run_started(True)
             return Started(row["run_id"], True, start_key)
         dup = await (
             await conn.execute(Q.find_duplicate, {"org_id": org_id, "start_key": start_key})

@@ -38,6 +38,7 @@ from onward import (
     circuits,
     erasure,
     leases,
+    metrics,
     notify,
     operations,
     outbox,
@@ -94,6 +95,7 @@ class Sweeper:
         kick: asyncio.Event | None = None,
         retention_days: float | None = 30.0,
         prune_limits: retention.PruneLimits | None = None,
+        metrics_seconds: float = 15.0,
     ) -> None:
         self.pool, self.worker_id, self.interval = pool, worker_id, interval
         self.limits = limits or SweepLimits()
@@ -104,6 +106,7 @@ class Sweeper:
         self.leadership = Leadership(pool, "sweeper", worker_id, ttl=max(3 * interval, 5.0))
         self.pruner = retention.Pruner(pool, default_days=retention_days, limits=prune_limits)
         self._operations: asyncio.Task[None] | None = None
+        self.health = metrics.HealthGauges(pool, interval=metrics_seconds)
 
     async def fire_batch(self) -> tuple[int, list[str]]:
         """One fair batch: returns (timers fired, organisations served)."""
@@ -122,6 +125,7 @@ class Sweeper:
             served = sorted({f["org_id"] for f in fired})
             await conn.execute(Q.mark_served, {"org_ids": orgs, "served": served})
         self.stats.lateness.extend(f["lateness_s"] for f in fired)
+        metrics.timers_fired("sweep", fired)
         if len(self.stats.lateness) > 100_000:
             del self.stats.lateness[:50_000]
         crash_point("sweep.after_fire")
@@ -183,8 +187,10 @@ class Sweeper:
                 break
         self.stats.fired += fired_total
         self.stats.scheduled += await schedules.fire_due(self.pool)
-        self.stats.rescued += await self.rescue()
-        self.stats.expired += await self.expire_over_age()
+        self.stats.rescued += (rescued := await self.rescue())
+        metrics.rescued(rescued)
+        self.stats.expired += (expired := await self.expire_over_age())
+        metrics.run_finished("exceeded", expired)
         resumed = await self.flow_control()
         self.stats.erasures += await erasure.finish_pending(self.pool)
         await self.resume_operations()
@@ -233,12 +239,15 @@ class Sweeper:
         try:
             while not stop.is_set():
                 try:
-                    if await self.leadership.try_lead():
+                    leads = await self.leadership.try_lead()
+                    self.health.leading(leads)
+                    if leads:
                         await self.tick()
                 except (psycopg.OperationalError, OSError) as exc:
                     log.warning("sweep: database unavailable (%s); retrying", exc)
                 await outbox.sleep_or(stop, self.interval)
         finally:
+            await self.health.close()
             if self._operations is not None:
                 self._operations.cancel()
                 await asyncio.gather(self._operations, return_exceptions=True)

@@ -41,7 +41,7 @@ import psycopg
 from pydantic import ValidationError
 
 from onward import lanes as lane_policies
-from onward import leases, policy, timers
+from onward import leases, metrics, policy, timers
 from onward.automations.document import AutomationDoc, StepDef
 from onward.automations.versions import VersionCache
 from onward.config import Settings
@@ -152,6 +152,7 @@ class Worker:
                 log.warning("firing timers on wake failed (%s); the sweep will fire them", exc)
                 continue
             crash_point("timer.after_fire")
+            metrics.timers_fired("wake", fired)
             for f in fired:
                 if f["lane"] in self.kick:
                     self.kick[f["lane"]].set()
@@ -176,6 +177,7 @@ class Worker:
                     continue
                 claimed = len(rows)
                 self.stats.claimed += claimed
+                metrics.claimed(rows)
                 for row in rows:
                     self._spawn(row)
                 if claimed == want and self.running[lane] < cap:
@@ -196,6 +198,7 @@ class Worker:
         while row is not None:
             lane = row["lane"]
             token = Token(row["org_id"], row["run_id"], row["seq"], row["attempt"])
+            began = time.perf_counter()
             try:
                 row = await self._execute(row, token)
             except (psycopg.OperationalError, OSError) as exc:
@@ -214,6 +217,7 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await self._write(token, policy.engine_error(exc))
             finally:
+                metrics.step_timed(lane, time.perf_counter() - began)
                 self.held.pop(token.key, None)
                 self.running[lane] -= 1
                 if lane in self.kick:
@@ -248,21 +252,32 @@ class Worker:
         """Write a transition that ends this chain (anything but an advance)."""
         if isinstance(t, policy.Stop):
             ok = await self.settler.stop(token, t)
+            outcome = t.step_status
+            if ok and t.run_status != "parked":
+                metrics.run_finished(t.run_status)
         elif isinstance(t, policy.Retry):
             ok = await self.settler.retry(token, t)
             self.stats.retried += int(ok)
+            outcome = "retried"
         elif isinstance(t, policy.Defer):
             ok = await self.settler.defer(token, t)
             self.stats.deferred += int(ok)
+            outcome = "deferred"
         else:
             ok = await self.settler.wait(token, t)
-        self._count_settle(ok)
+            outcome = "waiting"
+        self._count_settle(token, outcome, ok)
 
-    def _count_settle(self, ok: bool) -> None:
+    def _count_settle(self, token: Token, outcome: str, ok: bool) -> None:
         if ok:
             self.stats.settled += 1
         else:
             self.stats.lost += 1
+            log.info(
+                "step %s#%s: settle refused, attempt %s is stale", *token.key[1:], token.attempt
+            )
+        held = self.held.get(token.key)
+        metrics.step_settled(held.lane if held else "unknown", outcome, ok)
 
     async def _execute(self, row: dict[str, Any], token: Token) -> dict[str, Any] | None:
         """Run one claimed step and write its transition; returns the eagerly claimed next
@@ -322,6 +337,7 @@ class Worker:
             result = await self._call(spec, ctx, lease_lost, timeout)
         except _LeaseLostError:
             self.stats.lost += 1
+            metrics.lease_lost(row["lane"])
             log.info("step %s#%s: lease lost; its result is dropped", token.run_id, token.seq)
             return None
         except Exception as exc:
@@ -403,7 +419,9 @@ class Worker:
         eager = self._eager(row, t)
         lease = self._lease(t.next_step.lane) if eager and t.next_step else None
         res = await self.settler.proceed(token, t, eager=eager, lease=lease)
-        self._count_settle(res is not None)
+        self._count_settle(token, "skipped" if t.skipped else "done", res is not None)
+        if res is not None and t.next_step is None:
+            metrics.run_finished("completed")
         nxt = t.next_step
         if res is None or nxt is None or not eager:
             return None

@@ -1,4 +1,4 @@
-"""`onward bench throughput --quick` and `onward bench start --quick` as real commands.
+"""`onward bench throughput|start|metrics --quick` as real commands.
 
 These prove the commands work and their figures hang together; they assert no timing target
 (the benches never run as timed tests: these machines are shared and noisy)."""
@@ -69,3 +69,22 @@ def test_bench_start_quick_counts_each_duplicate_once(db_url: str) -> None:
     for p in res["pgbench"]:
         assert "error" not in p, p
         assert p["tps"] > 0
+
+
+def test_bench_metrics_quick_counters_match_the_bench_totals(db_url: str) -> None:
+    res = _bench(db_url, "metrics", "--quick", "--json")
+    runs = res["options"]["runs"]
+    modes = {m: [d for d in res["drains"] if d["metrics"] == m] for m in res["steps_per_s"]}
+    assert set(modes) == {"scraped", "counting", "off"}
+    assert all(len(d) == res["options"]["reps"] for d in modes.values())
+    for d in modes[
+        "scraped"
+    ]:  # scraped from the worker processes' own ports, set beside the database's rows
+        assert d["counters"]["runs_started"] == {"metrics": runs, "bench": runs}
+        assert d["counters"]["steps_done"] == {"metrics": 3 * runs, "bench": 3 * runs}
+        assert d["counters"]["runs_completed"] == {"metrics": runs, "bench": runs}
+        assert d["scrapes"]["failed"] == 0
+    assert all(d["steps"] == 3 * runs for d in res["drains"])
+    assert res["counters_match"] is True
+    assert all(v > 0 for v in res["steps_per_s"].values())
+    assert res["ceiling"]["steps_per_s"] > 0

@@ -73,6 +73,7 @@ from onward.api import contacts as contact_routes
 from onward.api import flow as flow_routes
 from onward.api import hooks as hook_routes
 from onward.api import keys as key_routes
+from onward.api import metrics as metrics_routes
 from onward.api import migrations as migration_routes
 from onward.api import notify as notify_routes
 from onward.api import outbound as outbound_routes
@@ -909,6 +910,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     from onward.console.pages import router as console_router  # pages at /, for people
 
     app.include_router(console_router())
+    app.include_router(metrics_routes.router())
     _document_automation_schema(app)
     return app
 

@@ -175,9 +175,11 @@ WHAT_IF: dict[str, Any] = {**POOL_WHAT_IF, "direct-call": _direct_call}
 
 
 async def _worker(a: argparse.Namespace) -> None:
+    from onward import metrics
     from onward.engine import Engine
     from onward.worker import Worker, lanes_from_spec
 
+    metrics.configure(a.metrics)  # off: every increment returns at once
     settings = _settings(a.url, a.org, a.queue, poll_seconds=a.poll, sweep_seconds=a.sweep)
     lanes = lanes_from_spec(a.lanes, {})
     sql = SqlCounter() if a.count_sql else None
@@ -186,7 +188,10 @@ async def _worker(a: argparse.Namespace) -> None:
     for what in a.what_if:
         if what not in POOL_WHAT_IF:
             WHAT_IF[what]()
-    async with Engine.open(settings, migrate=False, pool_size=a.pool) as engine:
+    async with (
+        metrics.serving(a.metrics_port) as metrics_port,
+        Engine.open(settings, migrate=False, pool_size=a.pool) as engine,
+    ):
         for what in a.what_if:
             if what in POOL_WHAT_IF:
                 engine.pool._check = POOL_WHAT_IF[what]()
@@ -207,7 +212,14 @@ async def _worker(a: argparse.Namespace) -> None:
             integrations=engine.integrations,
         )
         svc.worker = worker
-        _emit("ready", lanes=lanes, batch=a.batch, pool=a.pool, relay=a.relay)
+        _emit(
+            "ready",
+            lanes=lanes,
+            batch=a.batch,
+            pool=a.pool,
+            relay=a.relay,
+            metrics_port=metrics_port,
+        )
         await _line()  # go
         if sql is not None:
             sql.reset()
@@ -315,6 +327,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--sweeper", action=argparse.BooleanOptionalAction, default=True)
     w.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True)
     w.add_argument("--count-sql", action="store_true", help="count statements by name")
+    w.add_argument("--metrics", choices=("on", "off"), default="on", help="ONWARD_METRICS")
+    w.add_argument("--metrics-port", type=int, help="serve /metrics on this port (0: any)")
     w.add_argument("--what-if", action="append", default=[], choices=sorted(WHAT_IF))
     api = sub.add_parser("api", help="the HTTP API on a free port (no worker)")
     api.add_argument("--url", required=True)

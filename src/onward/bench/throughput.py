@@ -133,6 +133,10 @@ def _spawn_workers(url: str, org: str, o: dict[str, Any]) -> list[Child]:
         AUTOMATION,
         "--count-sql",
     ]
+    if o.get("metrics"):  # onward bench metrics: counting on or off, scraped or not
+        args += ["--metrics", o["metrics"]]
+    if o.get("metrics_port") is not None:
+        args += ["--metrics-port", str(o["metrics_port"])]
     for what in o.get("what_if") or []:
         for part in what.split("+"):  # "a+b": both changes at once
             args += ["--what-if", part]
