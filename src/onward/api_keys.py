@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from onward import audit
 from onward.db import Pool
@@ -143,6 +144,14 @@ async def revoke(
         await audit.record(conn, org_id, actor=who, action="key_revoke", target=key_id)
     _touched.pop(key_id, None)
     return dict(row)
+
+
+def with_key(url: str, key: str, *, user: str = "onward") -> str:
+    """``url`` carrying ``key`` as its HTTP Basic user info (``http://onward:onw_...@host/...``):
+    the API key of a provider that can only be given a URL to call (an inbound-mail webhook)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{key}@{host}"))
 
 
 _touched: dict[str, float] = {}  # key_id -> when this process last wrote its last_used_at
