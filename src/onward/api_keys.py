@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from onward import audit
 from onward.db import Pool
@@ -150,6 +151,14 @@ async def is_live(pool: Pool, key_id: str) -> bool:
     async with pool.connection() as conn:
         row = await (await conn.execute(Q.lookup, {"key_id": key_id})).fetchone()
     return row is not None and row["revoked_at"] is None
+
+
+def with_key(url: str, key: str, *, user: str = "onward") -> str:
+    """``url`` carrying ``key`` as its HTTP Basic user info (``http://onward:onw_...@host/...``):
+    the API key of a provider that can only be given a URL to call (an inbound-mail webhook)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{key}@{host}"))
 
 
 _touched: dict[str, float] = {}  # key_id -> when this process last wrote its last_used_at

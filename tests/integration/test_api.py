@@ -20,6 +20,7 @@ import yaml
 from onward.api import ApiServer, create_app
 from onward.config import Settings
 from onward.engine import Engine
+from onward.testing import api_key, auth
 
 Sql = psycopg.Connection[dict[str, Any]]
 
@@ -52,7 +53,10 @@ def count(sql: Sql, query: str) -> int:
 @pytest.fixture
 async def client(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://onward.test") as c:
+    headers = auth(await api_key(engine))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://onward.test", headers=headers
+    ) as c:
         yield c
 
 
@@ -145,7 +149,10 @@ async def test_payload_over_the_limit_is_413_and_nothing_is_stored(
     small = dataclasses.replace(settings, max_payload_bytes=2000)
     async with Engine.open(small, migrate=False) as engine:
         transport = httpx.ASGITransport(app=create_app(engine))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        headers = auth(await api_key(engine))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=headers
+        ) as client:
             await publish(client)
             # over the payload limit, under the body guard: refused by the start itself
             over = await client.post("/v1/hooks/greet", json={"name": "x" * 3000})
@@ -274,9 +281,10 @@ async def test_openapi_and_health(client: httpx.AsyncClient) -> None:
 
 async def test_real_uvicorn_server_runs_a_webhook_start_to_the_end(engine: Engine) -> None:
     await engine.publish(GREET)
+    headers = auth(await api_key(engine))
     async with (
         ApiServer(create_app(engine), port=0, log_level="warning", access_log=False) as api,
-        httpx.AsyncClient(base_url=api.url, timeout=10) as client,
+        httpx.AsyncClient(base_url=api.url, timeout=10, headers=headers) as client,
         engine.running(),
     ):
         assert api.port != 0

@@ -15,7 +15,7 @@ import pytest
 from onward import Automation
 from onward.engine import Engine
 from onward.errors import ActionRefused, InvalidAutomation, InvalidInput
-from onward.testing import run_onward
+from onward.testing import api_key, run_onward
 
 from .api_client import api_client
 
@@ -269,17 +269,20 @@ async def test_retention_deletes_no_audit_row(engine: Engine, sql: psycopg.Conne
     assert audit_rows(sql) == before  # the cancel's row still names the pruned run
 
 
-async def test_http_audit_pages_by_id_and_names_the_api_as_actor(
+async def test_http_audit_pages_by_id_and_names_the_api_key_as_actor(
     engine: Engine, sql: psycopg.Connection[Any]
 ) -> None:
-    async with api_client(engine) as http:
+    key = await api_key(engine)
+    async with api_client(engine, key=key) as http:
         for days in (10, 20, 30):
             assert (await http.put("/v1/retention", json={"days": days})).status_code == 200
-        first = (await http.get("/v1/audit", params={"limit": 2})).json()
+        # the key's own key_create row is in the audit too: these pages are the settings'
+        setting = {"action": "retention_set", "limit": 2}
+        first = (await http.get("/v1/audit", params=setting)).json()
         assert [r["detail"]["days"] for r in first["rows"]] == [30, 20]
-        assert {r["actor"] for r in first["rows"]} == {"api"}
+        assert {r["actor"] for r in first["rows"]} == {f"key:{key.split('_')[1]}"}
         rest = (
-            await http.get("/v1/audit", params={"limit": 2, "before": first["next_before"]})
+            await http.get("/v1/audit", params={**setting, "before": first["next_before"]})
         ).json()
         assert [r["detail"]["days"] for r in rest["rows"]] == [10]
         assert rest["next_before"] is None

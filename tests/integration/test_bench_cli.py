@@ -61,6 +61,16 @@ def test_bench_start_quick_counts_each_duplicate_once(db_url: str) -> None:
     assert wh["statuses"] == {"202": n // 2, "200": n // 2}
     assert wh["created"] == wh["duplicates"] == wh["runs_in_database"] == n // 2
     assert wh["duplicate_run_id_mismatches"] == 0 and wh["consistent"] is True
+    # the cost of authentication: the same load without a key and on the signed path
+    for auth, r in (
+        ("key", wh),
+        ("none", res["webhook_no_key"]),
+        ("signed", res["webhook_signed"]),
+    ):
+        assert r["auth"] == auth and r["requests"] == n and r["per_s"] > 0
+        assert r["statuses"] == {"202": n // 2, "200": n // 2}, (auth, r["statuses"])
+        assert r["runs_in_database"] == n // 2 and r["consistent"] is True
+    assert res["auth_cost"]["key_vs_no_key"] > 0 and res["auth_cost"]["signed_vs_no_key"] > 0
     lib = res["library"]
     assert lib["new"]["created"] == lib["new"]["requests"] > 0
     assert lib["duplicate"]["created"] == 0

@@ -16,7 +16,7 @@ from onward import Automation, InvalidAutomation, timers
 from onward.api import ApiServer, create_app
 from onward.calendar import next_occurrence, parse_rule, spread_offset, zone
 from onward.engine import Engine
-from onward.testing import eventually, history
+from onward.testing import api_key, auth, eventually, history
 
 BERLIN = zone("Europe/Berlin")
 
@@ -236,7 +236,11 @@ async def test_preview_and_recompute_over_http(engine: Engine, sql: psycopg.Conn
             return await engine.status(run_id) == "waiting"
 
         await eventually(waiting, what="the run waiting")
-    async with ApiServer(create_app(engine)) as api, httpx.AsyncClient(base_url=api.url) as http:
+    headers = auth(await api_key(engine))
+    async with (
+        ApiServer(create_app(engine)) as api,
+        httpx.AsyncClient(base_url=api.url, headers=headers) as http,
+    ):
         answer = await http.get(
             "/v1/timers/preview",
             params={

@@ -32,7 +32,7 @@ from onward.api import ApiServer, create_app
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
 from onward.sweep import Sweeper
-from onward.testing import eventually, history, run_row, step_row, steps
+from onward.testing import api_key, auth, eventually, history, run_row, step_row, steps
 from onward.testing.processes import run_onward
 
 ENTERED: dict[str, asyncio.Event] = {}  # run_id -> set when cancel.gate's handler began
@@ -192,7 +192,10 @@ async def test_a_run_waiting_on_an_approval_is_cancelled_at_once_and_a_late_deci
     assert refused.value.reason == "cancelled"
     # the same over HTTP, as a click's endpoint would be answered
     api = ApiServer(create_app(engine), port=0, log_level="warning", access_log=False)
-    async with api, httpx.AsyncClient(base_url=api.url) as http:
+    async with (
+        api,
+        httpx.AsyncClient(base_url=api.url, headers=auth(await api_key(engine))) as http,
+    ):
         reply = await http.post(
             "/v1/approvals/decide",
             json={"approval_id": request["approval_id"], "decision": "approve", "user": "U_SAM"},
@@ -404,7 +407,10 @@ async def test_cancel_over_http_one_run_and_in_bulk_with_progress(
     one = (await engine.start("web", {}, event_id="h0")).run_id
     many = await start_many(engine, "web", 40, "h")
     api = ApiServer(create_app(engine), port=0, log_level="warning", access_log=False)
-    async with api, httpx.AsyncClient(base_url=api.url) as http:
+    async with (
+        api,
+        httpx.AsyncClient(base_url=api.url, headers=auth(await api_key(engine))) as http,
+    ):
         reply = await http.post(f"/v1/runs/{one}/cancel", json={"reason": "no", "by": "ana"})
         assert reply.status_code == 200, reply.text
         assert reply.json() == {

@@ -12,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from onward.testing import Process, Processes, eventually_sync, run_onward, run_row
+from onward.testing import Process, Processes, auth, eventually_sync, run_onward, run_row
 
 GREET_YAML = """\
 id: greet
@@ -210,11 +210,26 @@ def api_url(proc: Process) -> str:
     return proc.wait_for(r"API on (http://\S+)").group(1)
 
 
+def cli_key(db_url: str, *args: str, cwd: Path | None = None) -> str:
+    """A new admin API key made by ``onward [ARGS] keys create`` (``ARGS``: ``--org``, ``--app``
+    as the API's own command line has them, so the key is of the API's organisation)."""
+    made = ok(
+        run_onward(db_url, *args, "keys", "create", "test", "--scope", "admin", "--json", cwd=cwd)
+    )
+    key: str = json.loads(made)["key"]
+    return key
+
+
 def deliver_and_complete(
-    url: str, automation: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    url: str,
+    key: str,
+    automation: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
 ) -> str:
-    """POST a webhook to the API at ``url``, expect a new run, wait until it completes."""
-    with httpx.Client(base_url=url, timeout=10) as client:
+    """POST a webhook to the API at ``url`` with the API key ``key``, expect a new run, wait
+    until it completes."""
+    with httpx.Client(base_url=url, timeout=10, headers=auth(key)) as client:
         reply = client.post(f"/v1/hooks/{automation}", json=body, headers=headers or {})
         assert reply.status_code == 202, reply.text
         run_id: str = reply.json()["run_id"]
@@ -231,7 +246,8 @@ def test_up_serves_webhooks_and_stops_gracefully_on_sigterm(
 ) -> None:
     ok(run_onward(db_url, "publish", str(greet_file)))
     up = serve(processes, db_url, "up", "--port", "0")
-    deliver_and_complete(api_url(up), "greet", {"name": "Maya"}, {"X-Event-Id": "e"})
+    key = cli_key(db_url)
+    deliver_and_complete(api_url(up), key, "greet", {"name": "Maya"}, {"X-Event-Id": "e"})
     assert up.stop() == 0, up.log_text()
     assert up.find(r"SIGTERM: shutting down gracefully") and up.find(r"onward\.cli: stopped")
     assert not up.find("Traceback")

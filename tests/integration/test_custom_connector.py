@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import Processes, run_effects, steps
-from tests.integration.test_cli import api_url, deliver_and_complete, serve
+from onward.testing import Processes, auth, run_effects, steps
+from tests.integration.test_cli import api_url, cli_key, deliver_and_complete, serve
 from tests.integration.test_readme_examples import readme_files, readme_section
 
 
@@ -42,10 +42,11 @@ def test_a_custom_connector_runs_once_through_the_effect_protocol(
         "account": "acme",
         "secret": "acme",
     }
-    reply = httpx.post(f"{url}/v1/connections", json=connection, timeout=10)
+    key = cli_key(db_url)
+    reply = httpx.post(f"{url}/v1/connections", json=connection, timeout=10, headers=auth(key))
     assert reply.status_code == 201, reply.text
 
-    run_id = deliver_and_complete(url, "announce", {"email": "maya@example.test"})
+    run_id = deliver_and_complete(url, key, "announce", {"email": "maya@example.test"})
     assert up.stop() == 0, up.log_text()
 
     effects = run_effects(sql, run_id)

@@ -29,9 +29,10 @@ from psycopg import sql as pgsql
 
 from onward import Automation, ContactErased
 from onward.api import ApiServer, create_app
+from onward.api_keys import with_key
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import eventually, history, run_row
+from onward.testing import api_key, eventually, history, run_row
 
 pytestmark = pytest.mark.usefixtures("admin")  # every test starts on a clean sandbox
 
@@ -107,7 +108,8 @@ async def connected(
             secret=account,
             signing_secret="sandbox-signing-secret" if provider == "slack" else None,
         )
-    admin.email_inbound(ACCOUNT, f"{api.url}/v1/inbound/email")
+    key = await api_key(engine, "runs:write")
+    admin.email_inbound(ACCOUNT, with_key(f"{api.url}/v1/inbound/email", key))
     await engine.grant_approver(SAM)
     await engine.publish(follow_up())
     return engine

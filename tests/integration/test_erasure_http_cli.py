@@ -16,7 +16,7 @@ import pytest
 from onward import Automation
 from onward.api import ApiServer, create_app
 from onward.engine import Engine
-from onward.testing import run_onward, run_row
+from onward.testing import api_key, auth, run_onward, run_row
 
 MAYA_ID = "contact-maya-7f3a"
 MAYA = "maya@example.test"
@@ -26,7 +26,11 @@ MAYA = "maya@example.test"
 async def http(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     await engine.publish(Automation("hello").step("wait", "wait_for", duration="1h").build())
     server = ApiServer(create_app(engine), port=0, log_level="warning", access_log=False)
-    async with server, httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    headers = auth(await api_key(engine))
+    async with (
+        server,
+        httpx.AsyncClient(base_url=server.url, timeout=30, headers=headers) as client,
+    ):
         yield client
 
 

@@ -24,7 +24,7 @@ from onward.api import ApiServer, create_app
 from onward.config import Settings
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import eventually, run_onward
+from onward.testing import api_key, auth, eventually, run_onward
 from onward.testing.kinds import SLEEP_KIND
 
 DEFAULT_LANES = [
@@ -310,7 +310,9 @@ async def served(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     """``create_app(engine)`` on a real uvicorn (any free port), and a client of it."""
     async with (
         ApiServer(create_app(engine), port=0, log_level="warning", access_log=False) as api,
-        httpx.AsyncClient(base_url=api.url, timeout=10) as client,
+        httpx.AsyncClient(
+            base_url=api.url, timeout=10, headers=auth(await api_key(engine))
+        ) as client,
     ):
         yield client
 

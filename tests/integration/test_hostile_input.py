@@ -178,7 +178,8 @@ async def test_nul_in_an_event_id_header_is_422(client: httpx.AsyncClient, sql: 
 async def raw_post(
     client: httpx.AsyncClient, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
 ) -> tuple[int, bytes]:
-    """One request straight into the ASGI app, headers exactly as given."""
+    """One request straight into the ASGI app, headers exactly as given (and the client's API
+    key)."""
     transport = client._transport
     assert isinstance(transport, httpx.ASGITransport)
     scope = {
@@ -191,7 +192,12 @@ async def raw_post(
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"host", b"onward.test"), (b"content-type", b"application/json"), *headers],
+        "headers": [
+            (b"host", b"onward.test"),
+            (b"content-type", b"application/json"),
+            (b"authorization", client.headers["authorization"].encode()),
+            *headers,
+        ],
         "client": ("127.0.0.1", 1),
         "server": ("onward.test", 80),
     }

@@ -35,6 +35,7 @@ from onward.automations.document import parse_text
 from onward.config import Settings
 from onward.engine import Engine
 from onward.errors import InvalidAutomation
+from onward.testing import api_key, auth
 
 FUZZ = hsettings(
     max_examples=80,
@@ -121,7 +122,7 @@ texts = st.one_of(
 def served(settings: Settings) -> Iterator[httpx.Client]:
     """A real API server with its own engine on an event loop in a thread of its own (the
     hypothesis examples run synchronously in the test's thread)."""
-    ready: list[str] = []
+    ready: list[tuple[str, str]] = []
     up = threading.Event()
     failed: list[BaseException] = []
     stopping: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
@@ -136,11 +137,12 @@ def served(settings: Settings) -> Iterator[httpx.Client]:
                     }
                 )
             await engine.add_hook_secret("signed", SECRET)
+            key = await api_key(engine)
             app = create_app(engine)
             async with ApiServer(app, port=0, log_level="warning", access_log=False) as api:
                 stop = asyncio.Event()
                 stopping.append((asyncio.get_running_loop(), stop))
-                ready.append(api.url)
+                ready.append((api.url, key))
                 up.set()
                 await stop.wait()
 
@@ -156,7 +158,8 @@ def served(settings: Settings) -> Iterator[httpx.Client]:
     try:
         up.wait(30)
         assert ready, failed
-        with httpx.Client(base_url=ready[0], timeout=30) as client:
+        url, key = ready[0]
+        with httpx.Client(base_url=url, timeout=30, headers=auth(key)) as client:
             yield client
     finally:
         for loop, stop in stopping:

@@ -20,7 +20,7 @@ import pytest
 from onward.api import ApiServer, create_app
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import eventually, run_onward
+from onward.testing import api_key, auth, eventually, run_onward
 
 pytestmark = pytest.mark.usefixtures("admin")
 
@@ -89,7 +89,9 @@ def test_cli_destinations_are_set_listed_and_removed_and_a_bad_url_stores_nothin
 async def served(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     async with (
         ApiServer(create_app(engine), port=0, log_level="warning", access_log=False) as api,
-        httpx.AsyncClient(base_url=api.url, timeout=10) as client,
+        httpx.AsyncClient(
+            base_url=api.url, timeout=10, headers=auth(await api_key(engine))
+        ) as client,
     ):
         yield client
 

@@ -38,7 +38,7 @@ from onward.errors import OutboundRefused, PermanentError
 from onward.notify import DeliveryRelay
 from onward.outbound import AllowList, guarded_client, parse_entry
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import run_onward
+from onward.testing import api_key, auth, run_onward
 
 pytestmark = pytest.mark.usefixtures("admin")
 
@@ -198,7 +198,8 @@ async def test_http_shows_allows_and_disallows_and_a_bad_entry_is_a_422(
     engine: Engine, sql: psycopg.Connection[Any]
 ) -> None:
     server = ApiServer(create_app(engine), port=0, log_level="warning")
-    async with server as api, httpx.AsyncClient(base_url=api.url) as http:
+    headers = auth(await api_key(engine))
+    async with server as api, httpx.AsyncClient(base_url=api.url, headers=headers) as http:
         bad = await http.post("/v1/outbound/allow", json={"entries": ["ok.test", "a/b/c"]})
         assert bad.status_code == 422 and "a/b/c" in bad.text
         assert sql.execute("SELECT count(*) AS n FROM outbound_allow").fetchone() == {"n": 0}

@@ -25,7 +25,7 @@ from onward import Automation
 from onward.api import ApiServer, create_app
 from onward.engine import Engine
 from onward.sandbox import SandboxServer
-from onward.testing import eventually, history
+from onward.testing import api_key, auth, eventually, history
 
 pytestmark = pytest.mark.usefixtures("admin")  # a clean sandbox for each test
 
@@ -58,8 +58,9 @@ async def api(engine: Engine) -> AsyncIterator[ApiServer]:
 
 
 @pytest.fixture
-async def http(api: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
+async def http(engine: Engine, api: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
+    headers = auth(await api_key(engine))
+    async with httpx.AsyncClient(base_url=api.url, timeout=30, headers=headers) as client:
         yield client
 
 

@@ -25,9 +25,10 @@ import pytest
 
 from onward import Automation
 from onward.api import ApiServer, create_app
+from onward.api_keys import with_key
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import eventually, history
+from onward.testing import api_key, auth, eventually, history
 
 pytestmark = pytest.mark.usefixtures("admin")  # every test starts on a clean sandbox
 
@@ -73,8 +74,9 @@ async def api(engine: Engine) -> AsyncIterator[ApiServer]:
 
 
 @pytest.fixture
-async def http(api: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
+async def http(engine: Engine, api: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
+    headers = auth(await api_key(engine))
+    async with httpx.AsyncClient(base_url=api.url, timeout=30, headers=headers) as client:
         yield client
 
 
@@ -290,7 +292,8 @@ async def sent_and_waiting(
     await engine.integrations.add_connection(
         ORG, "mailbox", provider="email", base_url=sandbox.url, account=ACCOUNT, secret=ACCOUNT
     )
-    admin.email_inbound(ACCOUNT, f"{api.url}/v1/inbound/email")
+    key = await api_key(engine, "runs:write")
+    admin.email_inbound(ACCOUNT, with_key(f"{api.url}/v1/inbound/email", key))
     await engine.publish(email_flow())
     run_id = (await engine.start("follow-up", {"name": "Maya"}, event_id=event_id)).run_id
     await waits_on_signals(sql, run_id)

@@ -29,7 +29,7 @@ from onward.api import ApiServer, create_app
 from onward.api.app import body_limit
 from onward.config import Settings
 from onward.engine import Engine
-from onward.testing import run_onward
+from onward.testing import api_key, auth, run_onward
 
 Sql = psycopg.Connection[dict[str, Any]]
 
@@ -47,7 +47,9 @@ async def served(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
         await engine.publish(doc(automation_id))
     async with (
         ApiServer(create_app(engine), port=0, log_level="warning", access_log=False) as api,
-        httpx.AsyncClient(base_url=api.url, timeout=10) as client,
+        httpx.AsyncClient(
+            base_url=api.url, timeout=10, headers=auth(await api_key(engine))
+        ) as client,
     ):
         yield client
 
@@ -75,6 +77,7 @@ def unauthorized(reply: httpx.Response) -> str:
     body = reply.json()
     assert body["error"] == "unauthorized"
     detail: str = body["detail"]
+    assert "signature" in detail, detail  # the signature's refusal, not the API key's
     return detail
 
 

@@ -13,8 +13,8 @@ import httpx
 import psycopg
 import pytest
 
-from onward.testing import Processes, run_onward, steps
-from tests.integration.test_cli import api_url, deliver_and_complete, ok, serve
+from onward.testing import Processes, auth, run_onward, steps
+from tests.integration.test_cli import api_url, cli_key, deliver_and_complete, ok, serve
 
 TAG_APP = """\
 import onward
@@ -241,7 +241,7 @@ def test_publish_the_apps_automations(
 def test_the_api_knows_the_apps_kinds(db_url: str, app_dir: Path, processes: Processes) -> None:
     api = serve(processes, db_url, "api", "--port", "0", app="tag_app", cwd=app_dir)
     url = api_url(api)
-    with httpx.Client(base_url=url, timeout=10) as client:
+    with httpx.Client(base_url=url, timeout=10, headers=auth(cli_key(db_url))) as client:
         reply = client.post(
             "/v1/automations", content=TAG_YAML, headers={"content-type": "application/yaml"}
         )
@@ -268,7 +268,8 @@ def test_up_publishes_the_apps_automations_and_runs_its_kinds(
     up = serve(processes, db_url, "up", "--port", "0", app="tag_app:flow", cwd=app_dir)
     url = api_url(up)
     assert up.find(r"published tagged version 1  \(tag_app:flow\)")
-    run_id = deliver_and_complete(url, "tagged", {"name": "Bo", "email": "bo@example.test"})
+    key = cli_key(db_url)
+    run_id = deliver_and_complete(url, key, "tagged", {"name": "Bo", "email": "bo@example.test"})
     assert up.stop() == 0, up.log_text()
     (tag,) = steps(sql, run_id, "tag")
     assert tag["output"] == {"tagged": "bo@example.test"}

@@ -33,7 +33,7 @@ from onward.errors import ConfigError, RetryableError
 from onward.notify import new_secret
 from onward.pseudonyms import key as pseudonym_key
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import eventually, run_onward
+from onward.testing import api_key, auth, eventually, run_onward
 
 pytestmark = pytest.mark.usefixtures("admin")
 
@@ -134,7 +134,9 @@ async def test_a_ciphertext_copied_to_another_org_or_column_does_not_decrypt(
     # over HTTP: a 409 with the reason, not a 500, and no value in it
     async with (
         ApiServer(create_app(engine), port=0, log_level="warning", access_log=False) as api,
-        httpx.AsyncClient(base_url=api.url, timeout=10) as client,
+        httpx.AsyncClient(
+            base_url=api.url, timeout=10, headers=auth(await api_key(engine))
+        ) as client,
     ):
         sql.execute(
             "UPDATE connections SET secret = (SELECT secret FROM connections"
@@ -252,7 +254,9 @@ async def test_no_secret_in_history_api_answers_cli_output_or_logs(
     answers: list[str] = []
     async with (
         ApiServer(create_app(engine), port=0, log_level="debug", access_log=True) as api,
-        httpx.AsyncClient(base_url=api.url, timeout=10) as client,
+        httpx.AsyncClient(
+            base_url=api.url, timeout=10, headers=auth(await api_key(engine))
+        ) as client,
     ):
         put = await client.post(
             "/v1/connections",

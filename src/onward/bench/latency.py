@@ -17,11 +17,12 @@
    wait if intake did not publish it itself (it does: ``signals.deliver`` notifies in its
    transaction; the outbox row and the relay are the fallback), and the timer fast path of
    the same sitting.
-3. **Signal intake over HTTP**. ``POST /v1/signals`` to the API in its own process (``python -m
-   onward.bench.proc api``, no worker) from ``clients`` concurrent keep-alive connections; each
-   signal names a run whose step waits on it and is sent twice, in shuffled order (so some
-   duplicates race their original): every first delivery must be answered 202 ``consumed``,
-   every repeat 200 with the same status, and each signal stored once with 2 deliveries.
+3. **Signal intake over HTTP**. ``POST /v1/signals`` (with an API key) to the API in its own
+   process (``python -m onward.bench.proc api``, no worker) from ``clients`` concurrent
+   keep-alive connections; each signal names a run whose step waits on it and is sent twice,
+   in shuffled order (so some duplicates race their original): every first delivery must be
+   answered 202 ``consumed``, every repeat 200 with the same status, and each signal stored
+   once with 2 deliveries.
    Signals/s, p50/p99 per request and commits per request (``pg_stat_database``), beside the
    machine's ceiling: pgbench's minimal one-statement write transaction (``start_cte``) at the
    same number of clients.
@@ -263,6 +264,7 @@ async def _signal_latency(url: str, n: int, pace: float) -> dict[str, Any]:
 async def _signal_client(
     host: str,
     port: int,
+    key: str,
     work: list[tuple[str, bytes]],
     answers: list[tuple[str, int, dict[str, Any], float]],
 ) -> None:
@@ -272,6 +274,7 @@ async def _signal_client(
             signal_id, body = work.pop()
             head = (
                 f"POST /v1/signals HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Authorization: Bearer {key}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode()
             t0 = time.perf_counter()
@@ -290,7 +293,7 @@ async def _signal_client(
 
 
 async def _signal_load(
-    api_url: str, run_ids: list[str], clients: int
+    api_url: str, key: str, run_ids: list[str], clients: int
 ) -> tuple[float, list[tuple[str, int, dict[str, Any], float]]]:
     parts = urlsplit(api_url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -304,7 +307,7 @@ async def _signal_load(
     random.Random(7).shuffle(work)
     answers: list[tuple[str, int, dict[str, Any], float]] = []
     t0 = time.perf_counter()
-    await asyncio.gather(*(_signal_client(host, port, work, answers) for _ in range(clients)))
+    await asyncio.gather(*(_signal_client(host, port, key, work, answers) for _ in range(clients)))
     return time.perf_counter() - t0, answers
 
 
@@ -317,7 +320,7 @@ def _signal_http(url: str, n: int, clients: int, pool: int) -> dict[str, Any]:
         settle_stats()
         db0 = db_counters(url)
         api.send("go")
-        elapsed, answers = asyncio.run(_signal_load(ready["url"], run_ids, clients))
+        elapsed, answers = asyncio.run(_signal_load(ready["url"], ready["key"], run_ids, clients))
         api.send("stop")
         done = api.finish()
     finally:

@@ -1,7 +1,8 @@
 """Processes of the benches: ``python -m onward.bench.proc {worker|api|loop} ...``.
 
 Each child opens what it needs (an engine, an API server, plain connections), prints one JSON
-line ``{"event": "ready", ...}`` to stdout and waits for ``go`` on stdin, so the parent starts
+line ``{"event": "ready", ...}`` to stdout (the API's has its ``url`` and an admin API ``key`` of
+its organisation, made before the clock starts, for the parent's requests) and waits for ``go`` on stdin, so the parent starts
 every clock at the same instant and no process start-up is timed. A worker or an API server
 then serves until ``stop`` (or the end of stdin); a loop runs until its work is drained. Each
 child ends by printing ``{"event": "done", ...}`` with its own figures: what it did, its CPU
@@ -254,7 +255,15 @@ def _inline_sync_deps() -> None:
     fdu.run_in_threadpool = inline
 
 
-API_WHAT_IF: dict[str, Any] = {"inline-deps": _inline_sync_deps}
+def _no_key() -> None:
+    """The webhook route as it was before API keys (issue 14): it asks for no key and acts for
+    the process's own organisation -- the figure authentication is measured against."""
+    from onward.api import scopes
+
+    scopes.ROUTES[("POST", "/v1/hooks/{automation_id}")] = scopes.PUBLIC
+
+
+API_WHAT_IF: dict[str, Any] = {"inline-deps": _inline_sync_deps, "no-key": _no_key}
 
 
 async def _api(a: argparse.Namespace) -> None:
@@ -267,9 +276,10 @@ async def _api(a: argparse.Namespace) -> None:
     settings = _settings(a.url, a.org)
     async with Engine.open(settings, migrate=False, pool_size=a.pool, start_queue=False) as engine:
         await warm_pool(engine.pool, a.pool)
+        _, key = await engine.create_key("bench", ["admin"], by="bench")
         app = create_app(engine)
         async with ApiServer(app, port=0, log_level="warning", access_log=False) as api:
-            _emit("ready", url=api.url)
+            _emit("ready", url=api.url, key=key)
             await _line()  # go
             cpu0 = _cpu_s()
             await _line()  # stop

@@ -3,11 +3,17 @@
 One sitting, on a scratch database, no worker running:
 
 1. **webhook**: the API (``onward api``: uvicorn in its own process, no worker) takes
-   ``POST /v1/hooks/{automation_id}`` from ``clients`` concurrent keep-alive connections.
-   Half of the requests are duplicate deliveries (every event id is sent twice, in shuffled
-   order, so some duplicates race their original): each must be answered ``200`` with the
-   original's run id, and exactly one run must exist per event id. The client is a minimal
-   HTTP/1.1 client on raw asyncio streams, so it costs the machine little.
+   ``POST /v1/hooks/{automation_id}`` with an API key (``Authorization: Bearer``) from
+   ``clients`` concurrent keep-alive connections. Half of the requests are duplicate
+   deliveries (every event id is sent twice, in shuffled order, so some duplicates race their
+   original): each must be answered ``200`` with the original's run id, and exactly one run
+   must exist per event id. The client is a minimal HTTP/1.1 client on raw asyncio streams,
+   so it costs the machine little.
+   **What authentication costs**, the same load twice more: without a key, the route as it
+   was before API keys (the API process patched, ``--what-if no-key``); and on the signed
+   path a provider uses, ``POST /v1/orgs/{org}/hooks/{automation_id}`` with Standard Webhooks
+   headers (``standardwebhooks``, signed before the clock starts; the automation given a
+   secret after the other rows, since a secret makes ``/v1/hooks`` require the signature too).
 2. **library**: ``Engine.start`` from ``clients`` concurrent tasks: new runs, then the same
    event ids again (duplicates), then one at a time (the latency of a single start).
 3. **ceiling**: onward's own start statement (``start.sql``) from a plain psycopg loop with
@@ -23,12 +29,15 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from standardwebhooks import Webhook
 
 from onward import ids
 from onward.bench import median, percentile
@@ -101,15 +110,47 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, await reader.readexactly(length) if length else b""
 
 
+#: The header lines that authenticate one request, by its event id (made before the clock).
+Credentials = Callable[[str], str]
+
+
+def _bearer(key: str) -> Credentials:
+    line = f"Authorization: Bearer {key}\r\n"
+    return lambda _event_id: line
+
+
+def _signed(secret: str, work: list[tuple[str, bytes]]) -> Credentials:
+    """Standard Webhooks headers for each event of ``work`` (its id the message id), signed
+    now: the signing is the sender's cost, not the server's, and stays out of the clock."""
+    hook, now = Webhook(secret), datetime.now(UTC)
+    lines = {
+        event_id: (
+            f"webhook-id: {event_id}\r\nwebhook-timestamp: {int(now.timestamp())}\r\n"
+            f"webhook-signature: {hook.sign(event_id, now, body.decode())}\r\n"
+        )
+        for event_id, body in work
+    }
+    return lines.__getitem__
+
+
+def _no_credentials(_event_id: str) -> str:
+    return ""
+
+
 async def _http_client(
-    host: str, port: int, path: str, work: list[tuple[str, bytes]], answers: list[_Answer]
+    host: str,
+    port: int,
+    path: str,
+    credentials: Credentials,
+    work: list[tuple[str, bytes]],
+    answers: list[_Answer],
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while work:
             event_id, body = work.pop()
             head = (
-                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{credentials(event_id)}"
                 f"Content-Type: application/json\r\nX-Event-Id: {event_id}\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n"
             ).encode()
@@ -123,8 +164,20 @@ async def _http_client(
         await writer.wait_closed()
 
 
+#: How a row's requests authenticate: an API key (Bearer), none (with ``--what-if no-key``),
+#: or a Standard Webhooks signature on the signed path (the secret is the row's ``secret``).
+AUTHS = ("key", "none", "signed")
+
+
 async def _webhook_load(
-    url: str, n: int, clients: int, prefix: str = "evt"
+    url: str,
+    n: int,
+    clients: int,
+    prefix: str = "evt",
+    *,
+    auth: str = "key",
+    key: str = "",
+    secret: str = "",
 ) -> tuple[float, list[_Answer]]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -134,19 +187,29 @@ async def _webhook_load(
         for i in range(unique)
     ] * 2
     random.Random(7).shuffle(work)
+    path, credentials = {
+        "key": lambda: (f"/v1/hooks/{AUTOMATION}", _bearer(key)),
+        "none": lambda: (f"/v1/hooks/{AUTOMATION}", _no_credentials),
+        "signed": lambda: (f"/v1/orgs/{ORG}/hooks/{AUTOMATION}", _signed(secret, work)),
+    }[auth]()
     answers: list[_Answer] = []
     t0 = time.perf_counter()
     await asyncio.gather(
-        *(
-            _http_client(host, port, f"/v1/hooks/{AUTOMATION}", work, answers)
-            for _ in range(clients)
-        )
+        *(_http_client(host, port, path, credentials, work, answers) for _ in range(clients))
     )
     return time.perf_counter() - t0, answers
 
 
 def _webhook(
-    url: str, n: int, clients: int, pool: int, what_if: str = "", prefix: str = "evt"
+    url: str,
+    n: int,
+    clients: int,
+    pool: int,
+    what_if: str = "",
+    prefix: str = "evt",
+    *,
+    auth: str = "key",
+    secret: str = "",
 ) -> dict[str, Any]:
     args = ["api", "--url", url, "--org", ORG, "--pool", str(pool)]
     for part in filter(None, what_if.split("+")):
@@ -157,7 +220,11 @@ def _webhook(
         settle_stats()
         db0 = db_counters(url)
         api.send("go")
-        elapsed, answers = asyncio.run(_webhook_load(ready["url"], n, clients, prefix))
+        elapsed, answers = asyncio.run(
+            _webhook_load(
+                ready["url"], n, clients, prefix, auth=auth, key=ready["key"], secret=secret
+            )
+        )
         api.send("stop")
         done = api.finish()
     finally:
@@ -181,6 +248,7 @@ def _webhook(
     runs = int(row[0]) if row else 0
     out = _figures(len(answers), elapsed, [a.ms for a in answers], commits)
     out.update(
+        auth=auth,
         clients=clients,
         statuses=statuses,
         created=sum(1 for a in answers if a.status == 202),
@@ -192,6 +260,14 @@ def _webhook(
         server_rss_mb=round(done["vm_hwm_kb"] / 1024, 1),
     )
     return out
+
+
+async def _hook_secret(url: str) -> str:
+    """Give the automation a Standard Webhooks secret (what the signed path requires)."""
+    async with Engine.open(_settings(url), migrate=False, start_queue=False, pool_size=1) as e:
+        added = await e.add_hook_secret(AUTOMATION)
+    secret: str = added["secret"]
+    return secret
 
 
 # -- the library ---------------------------------------------------------------------------------
@@ -326,10 +402,18 @@ def run(
 
         asyncio.run(publish())
         res["webhook"] = _webhook(url, n, k, pool)
+        res["webhook_no_key"] = _webhook(
+            url, n, k, pool, what_if="no-key", prefix="nokey", auth="none"
+        )
         res["what_if"] = [
             {"what_if": w, **_webhook(url, n, k, pool, what_if=w, prefix=f"wi{i}")}
             for i, w in enumerate(what_if or [])
         ]
+        # last: with a secret, /v1/hooks requires the signature as well as the key
+        secret = asyncio.run(_hook_secret(url))
+        res["webhook_signed"] = _webhook(
+            url, n, k, pool, prefix="sig", auth="signed", secret=secret
+        )
         lib_n = n // 2
         res["library"] = _library(url, lib_n, k, pool)
         settle_stats()
@@ -347,6 +431,11 @@ def run(
     ceiling = max((p.get("tps", 0.0) for p in pg if p.get("clients") == k), default=0.0)
     res["ceiling_per_s"] = ceiling
     res["webhook_ratio"] = round(res["webhook"]["per_s"] / ceiling, 3) if ceiling else None
+    base = res["webhook_no_key"]["per_s"]
+    res["auth_cost"] = {  # requests/s against the same load without a key, in this sitting
+        "key_vs_no_key": round(res["webhook"]["per_s"] / base, 3) if base else None,
+        "signed_vs_no_key": round(res["webhook_signed"]["per_s"] / base, 3) if base else None,
+    }
     res["library_ratio"] = round(res["library"]["new"]["per_s"] / ceiling, 3) if ceiling else None
     return res
 
@@ -372,6 +461,9 @@ def render(res: dict[str, Any]) -> str:
         )
 
     lines.append(row("webhook POST /v1/hooks (50% duplicates)", wh))
+    if "webhook_no_key" in res:
+        lines.append(row("  the same without a key (before keys)", res["webhook_no_key"]))
+        lines.append(row("  signed POST /v1/orgs/{org}/hooks", res["webhook_signed"]))
     for wi in res.get("what_if") or []:
         lines.append(row(f"  what-if: {wi['what_if']}", wi))
     lines.append(row("library Engine.start, new runs", lib["new"]))
@@ -393,6 +485,21 @@ def render(res: dict[str, Any]) -> str:
         f"naming another run {wh['duplicate_run_id_mismatches']} -> "
         f"{'consistent' if wh['consistent'] else 'INCONSISTENT'}"
     )
+    for name, r in (
+        ("without a key", res.get("webhook_no_key")),
+        ("signed", res.get("webhook_signed")),
+    ):
+        if r is not None:
+            lines.append(
+                f"webhook {name} answers {r['statuses']}: runs in the database "
+                f"{r['runs_in_database']} -> {'consistent' if r['consistent'] else 'INCONSISTENT'}"
+            )
+    cost = res.get("auth_cost") or {}
+    if cost.get("key_vs_no_key") is not None:
+        lines.append(
+            f"authentication: requests/s with an API key (Bearer) {cost['key_vs_no_key']:.2f}x, "
+            f"signed (Standard Webhooks) {cost['signed_vs_no_key']:.2f}x those without a key"
+        )
     lines.append(f"API server peak RSS {wh['server_rss_mb']} MB")
     if res.get("ceiling_per_s"):
         lines.append(

@@ -16,8 +16,10 @@ Processes (each with its own ``application_name``):
 * one starter, fed batches of start events (each delivered twice, like a webhook);
 * one engine API (``onward api`` on a port chosen at the start, kept by every restart), where
   the sandbox sends the Slack clicks (``/v1/slack/slack/interactivity``, signed) and Maya's
-  replies (``/v1/inbound/email``). It is the process killed at ``approval.after_decide`` and
-  ``signal.after_claim``: a click or a delivery whose answer is lost is simply sent again.
+  replies (``/v1/inbound/email``, the API key as the URL's Basic user info). It is the process
+  killed at ``approval.after_decide`` and ``signal.after_claim``: a click or a delivery whose
+  answer is lost is simply sent again. The runner's own calls (cancels, erasures, a restore,
+  resumes) present the admin API key it makes at the start (``Engine.create_key``).
 
 Flow control (R5, ``scenario.configure_flow_control``): every connection has a circuit breaker
 with a low threshold and a short cool-down, and the automation a budget in tokens that fits a
@@ -1533,9 +1535,11 @@ class _Chaos:
         duplicate_wakes: bool,
         knobs: dict[str, dict[str, Any]],
         api_port: int,
+        api_key: str,
     ) -> None:
         self.settings, self.url, self.admin_url = settings, url, admin_url
         self.api_port = api_port
+        self.api_auth = {"Authorization": f"Bearer {api_key}"}  # an admin key of the org
         self.people = _People(url, settings.org_id, sandbox.url)
         self.sandbox, self.report, self.out, self.rng = sandbox, report, out, rng
         self.runs, self.kills_per_point, self.workers = runs, kills_per_point, workers
@@ -1916,6 +1920,7 @@ class _Chaos:
             reply = httpx.post(
                 f"http://127.0.0.1:{self.api_port}/v1/runs/{run_id}/cancel",
                 json={"by": "chaos", "reason": f"cancelled {plan}"},
+                headers=self.api_auth,
                 timeout=5.0,
             )
         except httpx.HTTPError:
@@ -2120,6 +2125,7 @@ class _Chaos:
             reply = httpx.post(
                 f"http://127.0.0.1:{self.api_port}/v1/contacts/{contact}/erase",
                 json={"by": "chaos"},
+                headers=self.api_auth,
                 timeout=20.0,
             )
         except httpx.HTTPError:
@@ -2226,6 +2232,7 @@ class _Chaos:
                 reply = httpx.post(
                     f"http://127.0.0.1:{self.api_port}/v1/connections/"
                     f"{scenario.BREAK_CONNECTION}/restore",
+                    headers=self.api_auth,
                     timeout=5.0,
                 )
             except httpx.HTTPError:
@@ -2279,6 +2286,7 @@ class _Chaos:
                 reply = httpx.post(
                     f"http://127.0.0.1:{self.api_port}/v1/runs/{r['run_id']}/resume",
                     json={"by": "chaos"},
+                    headers=self.api_auth,
                     timeout=5.0,
                 )
             except httpx.HTTPError:
@@ -2804,7 +2812,9 @@ async def _set_budget(url: str, org: str, per_day: float) -> None:
 
 async def _setup(
     settings: Settings, sandbox_url: str, signing_secret: str, hook_url: str, hook_secret: str
-) -> None:
+) -> str:
+    """Publish, connect and configure the scenario; an admin API key for the runner's calls
+    through the API (and the sandbox's replies)."""
     async with Engine.open(settings, migrate=False, start_queue=False, pool_size=2) as engine:
         await engine.publish(scenario.document())
         await publish(
@@ -2819,6 +2829,8 @@ async def _setup(
         await engine.set_notification_destination(
             scenario.DESTINATION, url=hook_url, secret=hook_secret
         )
+        _, key = await engine.create_key("chaos", ["admin"], by="chaos")
+        return key
 
 
 def api_port(rng: random.Random) -> int:
@@ -2902,13 +2914,15 @@ def run_chaos(
         scenario.configure_faults(sandbox.admin, knobs)
         port = api_port(rng)
         signing_secret = secrets.token_hex(16)
-        scenario.connect_people(sandbox.admin, f"http://127.0.0.1:{port}", signing_secret)
         hook_secret = new_secret()
         sandbox.admin.hook_inbox(
             scenario.HOOK_INBOX, fail_next=scenario.HOOK_FAILS, secret=hook_secret
         )
         hook_url = sandbox.admin.hook_url(scenario.HOOK_INBOX)
-        asyncio.run(_setup(chaos_settings, sandbox.url, signing_secret, hook_url, hook_secret))
+        key = asyncio.run(
+            _setup(chaos_settings, sandbox.url, signing_secret, hook_url, hook_secret)
+        )
+        scenario.connect_people(sandbox.admin, f"http://127.0.0.1:{port}", signing_secret, key)
         chaos = _Chaos(
             chaos_settings,
             url,
@@ -2927,6 +2941,7 @@ def run_chaos(
             duplicate_wakes=duplicate_wakes,
             knobs=knobs,
             api_port=port,
+            api_key=key,
         )
         try:
             chaos.run()

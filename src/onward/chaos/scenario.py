@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from onward.api_keys import with_key
 from onward.automations.builder import Automation
 from onward.connections import Integrations
 from onward.sandbox.admin import SandboxAdmin
@@ -373,15 +374,16 @@ def burst_knobs(base: dict[str, Any]) -> dict[str, Any]:
     return {**base, "script": ["503"] * BURST}
 
 
-def connect_people(admin: SandboxAdmin, api_url: str, signing_secret: str) -> None:
-    """Point the sandbox's Slack app (clicks) and the mailbox's inbound webhook (replies) at
-    the engine API (after :func:`configure_faults`, which resets the sandbox)."""
+def connect_people(admin: SandboxAdmin, api_url: str, signing_secret: str, api_key: str) -> None:
+    """Point the sandbox's Slack app (clicks, signed) and the mailbox's inbound webhook
+    (replies, with ``api_key`` as the URL's Basic user info) at the engine API (after
+    :func:`configure_faults`, which resets the sandbox)."""
     admin.slack_app(
         SLACK_WORKSPACE,
         f"{api_url}/v1/slack/{SLACK_CONNECTION}/interactivity",
         signing_secret,
     )
-    admin.email_inbound(ACCOUNT, f"{api_url}/v1/inbound/email")
+    admin.email_inbound(ACCOUNT, with_key(f"{api_url}/v1/inbound/email", api_key))
 
 
 def fault_knobs(seed: int, *, light: bool = True) -> dict[str, dict[str, Any]]:

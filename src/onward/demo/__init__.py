@@ -1,7 +1,9 @@
 """``onward demo``: the whole engine in one process, on the embedded PostgreSQL by default.
 
 It publishes the reference scenario ``demo-follow-up`` (``follow_up.yaml``), serves the API on
-a free localhost port, starts the sandbox's providers, and drives one run through every part of
+a free localhost port with an API key of its own (``runs:write``: the webhook deliveries present
+it as ``Bearer``, the sandbox's inbound email as the URL's Basic user info), starts the
+sandbox's providers, and drives one run through every part of
 it (:mod:`onward.demo.follow_up`): the form's webhook delivered twice over real HTTP with the
 same event id (the second answered as a duplicate with the same run id), the 09:00 wait (skipped
 by an operator's command), the model draft, the CRM update, Sam's approval clicked in the
@@ -94,21 +96,23 @@ async def run_demo(
         published = every[0]
 
         answers: list[tuple[int, dict[str, Any]]] = []
+        key_row, key = await engine.create_key("demo", ["runs:write"], by="demo")
         api = ApiServer(
             create_app(engine), port=0, log_level="warning", access_log=False, graceful_seconds=2
         )
         async with engine.running(), api:
             out(f"API listening on {api.url}  (OpenAPI: {api.url}/docs)")
+            out(f"API key {key_row['key_id']} (runs:write) made for the demo's calls")
             if builtin:
                 from onward.demo.follow_up import run_follow_up
 
                 run_id, answers = await run_follow_up(
-                    settings, engine, api.url, out=out, payload=payload, timeout=timeout
+                    settings, engine, api.url, key, out=out, payload=payload, timeout=timeout
                 )
                 status = await engine.status(run_id)
             else:
                 run_id, answers, status = await _run_documents(
-                    engine, api.url, published.automation_id, body, out, timeout
+                    engine, api.url, key, published.automation_id, body, out, timeout
                 )
         view = await engine.show(run_id)
     seconds = time.monotonic() - began
@@ -125,13 +129,14 @@ async def run_demo(
 async def _run_documents(
     engine: Engine,
     api_url: str,
+    key: str,
     automation_id: str,
     body: dict[str, Any],
     out: Callable[[str], None],
     timeout: float,
 ) -> tuple[str, list[tuple[int, dict[str, Any]]], str]:
     """Deliver the first automation's webhook twice and run it until it finishes."""
-    answers = await deliver_twice(api_url, automation_id, body, out, event_prefix="evt_demo")
+    answers = await deliver_twice(api_url, key, automation_id, body, out, event_prefix="evt_demo")
     run_id = answers[0][1]["run_id"]
     out(f"running {run_id} ...")
     status = await engine.wait(run_id, timeout=timeout)
@@ -140,18 +145,20 @@ async def _run_documents(
 
 async def deliver_twice(
     api_url: str,
+    key: str,
     automation_id: str,
     body: dict[str, Any],
     out: Callable[[str], None],
     *,
     event_prefix: str,
 ) -> list[tuple[int, dict[str, Any]]]:
-    """POST the automation's webhook twice with one event id, as a provider retrying would;
-    the second answer must name the same run (a duplicate)."""
+    """POST the automation's webhook twice with one event id, as a provider retrying would,
+    with the API key ``key``; the second answer must name the same run (a duplicate)."""
     event_id = f"{event_prefix}_{secrets.token_hex(4)}"
     path = f"/v1/hooks/{automation_id}"
     answers: list[tuple[int, dict[str, Any]]] = []
-    async with httpx.AsyncClient(base_url=api_url, timeout=30.0) as client:
+    auth = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=api_url, timeout=30.0, headers=auth) as client:
         for delivery in (1, 2):
             reply = await client.post(path, json=body, headers={"X-Event-Id": event_id})
             answer = reply.json()

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from onward.api_keys import with_key
 from onward.config import Settings
 from onward.engine import Engine
 
@@ -53,22 +54,26 @@ async def run_follow_up(
     settings: Settings,
     engine: Engine,
     api_url: str,
+    key: str,
     *,
     out: Callable[[str], None],
     payload: dict[str, Any] | None,
     timeout: float,
 ) -> tuple[str, list[tuple[int, dict[str, Any]]]]:
     """Drive one run of the reference scenario; returns its run id and the two webhook
-    answers. The engine is running (worker, relay, sweeper) and its API serves ``api_url``."""
+    answers. The engine is running (worker, relay, sweeper) and its API serves ``api_url``;
+    ``key`` is an API key with ``runs:write`` (the webhook and the inbound email present it)."""
     from onward.sandbox import SandboxServer
 
     body = payload if payload is not None else dict(PAYLOAD)
     async with SandboxServer(mode="process") as sandbox:
         out(f"sandbox providers (model, CRM, Slack, email) at {sandbox.url}")
-        await _connect(engine, sandbox.url, api_url, out)
+        await _connect(engine, sandbox.url, api_url, key, out)
         from onward.demo import deliver_twice
 
-        answers = await deliver_twice(api_url, "demo-follow-up", body, out, event_prefix="evt_form")
+        answers = await deliver_twice(
+            api_url, key, "demo-follow-up", body, out, event_prefix="evt_form"
+        )
         run_id = answers[0][1]["run_id"]
         await _skip_the_morning(engine, run_id, out, timeout)
         await _approve_in_slack(engine, sandbox, run_id, out, timeout)
@@ -79,7 +84,7 @@ async def run_follow_up(
 
 
 async def _connect(
-    engine: Engine, sandbox_url: str, api_url: str, out: Callable[[str], None]
+    engine: Engine, sandbox_url: str, api_url: str, key: str, out: Callable[[str], None]
 ) -> None:
     signing = secrets.token_hex(16)
     org = engine.org_id
@@ -122,7 +127,8 @@ async def _connect(
             ),
             (
                 "/_admin/email/inbound",
-                {"account": MAILBOX, "inbound_url": f"{api_url}/v1/inbound/email"},
+                # the mail provider can only be given a URL: the key rides in it (Basic)
+                {"account": MAILBOX, "inbound_url": with_key(f"{api_url}/v1/inbound/email", key)},
             ),
         ):
             (await admin.post(path, json=body)).raise_for_status()

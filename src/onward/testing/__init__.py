@@ -38,6 +38,12 @@ Worker processes (:mod:`onward.testing.worker`)
     inside a test's group. It prints ``ready <name> crash_at=<armed>``, ``stopping on
     SIGTERM``, ``stats {...}`` and ``stopped``.
 
+API keys (:mod:`onward.testing.keys`)
+    ``await api_key(engine, *scopes)``: a new key of the engine's organisation (default
+    ``admin``); ``auth(key)``: the headers that present it (``Authorization: Bearer``), e.g.
+    ``httpx.AsyncClient(..., headers=auth(key))``. A provider given only a URL gets the key as
+    Basic user info: ``onward.api_keys.with_key(url, key)``.
+
 Step kinds for tests (:mod:`onward.testing.kinds`)
     ``test.sleep`` (``SLEEP_KIND``): sleeps, answers the attempt, the worker and its clock.
 
@@ -53,6 +59,7 @@ Rows (:mod:`onward.testing.rows`)
 """
 
 from onward.testing.databases import TemporaryDatabases, with_database, with_query
+from onward.testing.keys import api_key, auth
 from onward.testing.processes import (
     Process,
     Processes,
@@ -82,7 +89,9 @@ __all__ = [
     "Process",
     "Processes",
     "TemporaryDatabases",
+    "api_key",
     "assert_nothing_applied_twice",
+    "auth",
     "double_transitions",
     "effect_row",
     "eventually",
