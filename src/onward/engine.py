@@ -43,7 +43,7 @@ from onward.connections import Integrations
 from onward.db import API_ROLE, Pool, make_pool, org_pool, resolve_url
 from onward.db.migrate import apply as apply_migrations
 from onward.effects import Effects
-from onward.errors import DecisionRefused, UnknownAutomation
+from onward.errors import DecisionRefused, InvalidInput, UnknownAutomation
 from onward.history import list_runs, run_status, run_view
 from onward.kinds import Registry
 from onward.kinds import registry as default_registry
@@ -881,6 +881,8 @@ class Engine:
         PostgreSQL's row-level security shows and admits that organisation's rows only, even
         to a query that forgot its ``org_id``. Published versions are still read through the
         engine's cache (immutable rows, keyed by organisation)."""
+        if org_id.startswith("_") or not org_id:  # '_system': the engine's own rows
+            raise InvalidInput(f"organisation {org_id!r}: not one the API serves")
         if self.api_pool is None:  # an engine built by hand, without Engine.open
             return self.for_org(org_id)
         view = copy.copy(self)

@@ -116,7 +116,7 @@ async def test_the_console_in_a_browser(
             (await engine.start("hello", {"n": n}, event_id=f"h{n}")).run_id for n in range(3)
         ]
         maya, _ = await run_follow_up(
-            settings, engine, api.url, out=lines.append, payload=None, timeout=90
+            settings, engine, api.url, key, out=lines.append, payload=None, timeout=90
         )
         assert await engine.status(maya) == "completed", "\n".join(lines)
         parked = await budget_parked_run(engine, sandbox)

@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -51,6 +52,8 @@ from fastapi import FastAPI
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, events, from_schema
 from schemathesis.python import asgi
+from slack_sdk.signature import SignatureVerifier
+from standardwebhooks.webhooks import Webhook
 
 from onward.api import create_app
 from onward.config import Settings
@@ -171,15 +174,141 @@ def app_with_its_own_engine(settings: Settings) -> FastAPI:
     return create_app(lifespan=lifespan)
 
 
-async def admin_key(settings: Settings) -> str:
+# The signed callbacks, for which no API key counts: schemathesis sends them to one endpoint that
+# has a hook secret and one Slack connection with a signing secret, and ``Signing`` -- the
+# provider's part -- signs each request's exact bytes before the app sees them, so every phase
+# runs past the signature check (a generated signature header would only ever be refused).
+SIGNED_HOOK, SLACK_CONNECTION, SLACK_SECRET = "signed-flow", "slack", "8f14e45fceea167a5a36dedd"
+SIGNED_PATHS = {
+    f"/v1/orgs/test/hooks/{SIGNED_HOOK}": "webhook",
+    f"/v1/orgs/test/slack/{SLACK_CONNECTION}/interactivity": "slack",
+    f"/v1/slack/{SLACK_CONNECTION}/interactivity": "slack",
+}
+CALLBACKS = [
+    {
+        "include-name": "POST /v1/orgs/{org_id}/hooks/{automation_id}",
+        "parameters": {"path.org_id": "test", "path.automation_id": SIGNED_HOOK},
+        "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "422"]}},
+    },
+    {  # a click names an approval token no generator can know: 404, 409 or 422
+        "include-name": "POST /v1/orgs/{org_id}/slack/{connection_id}/interactivity",
+        "parameters": {"path.org_id": "test", "path.connection_id": SLACK_CONNECTION},
+        "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "409", "422"]}},
+    },
+    {
+        "include-name": "POST /v1/slack/{connection_id}/interactivity",
+        "parameters": {"path.connection_id": SLACK_CONNECTION},
+        "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "404", "409", "422"]}},
+    },
+]
+
+
+class Signing:
+    """The providers' side of the signed callbacks: read the body as it will arrive, sign it
+    (Standard Webhooks with the endpoint's secret, Slack v0 with the connection's), pass it on."""
+
+    def __init__(self, app: Any, hook_secret: str) -> None:
+        self.app, self.hook_secret = app, hook_secret
+        self.signed = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        kind = SIGNED_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if kind is None:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        try:
+            text = body.decode()
+        except UnicodeDecodeError:  # no provider signs what is not text: left unsigned (401)
+            text = None
+        if any(len(v) > HEADER_LIMITS.get(k.lower(), 1 << 20) for k, v in scope["headers"]):
+            # a schema-violating header (a negative case): the app must refuse it as it is
+            await self.app(scope, _replay(body, receive), send)
+            return
+        headers = [h for h in scope["headers"] if not h[0].lower().startswith(SIGNED_NAMES)]
+        now = datetime.now(UTC)
+        if text is not None and kind == "webhook":
+            msg_id = f"msg_{self.signed}"
+            signature = Webhook(self.hook_secret).sign(msg_id, now, text)
+            headers += [
+                (b"webhook-id", msg_id.encode()),
+                (b"webhook-timestamp", str(int(now.timestamp())).encode()),
+                (b"webhook-signature", signature.encode()),
+            ]
+        elif text is not None:
+            stamp = str(int(now.timestamp()))
+            signature = SignatureVerifier(SLACK_SECRET).generate_signature(
+                timestamp=stamp, body=text
+            )
+            headers += [
+                (b"x-slack-request-timestamp", stamp.encode()),
+                (b"x-slack-signature", signature.encode()),
+            ]
+        self.signed += text is not None
+        await self.app({**scope, "headers": headers}, _replay(body, receive), send)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+SIGNED_NAMES = (b"webhook-", b"x-slack-")
+# the documented maximum of each signature header (longer: schema-violating, must be a 422)
+HEADER_LIMITS = {
+    b"webhook-id": 256,
+    b"webhook-timestamp": 256,
+    b"webhook-signature": 4096,
+    b"x-slack-request-timestamp": 32,
+    b"x-slack-signature": 256,
+    b"x-slack-retry-num": 8,
+}
+
+
+async def prepare(settings: Settings) -> tuple[str, str]:
+    """An admin key, and the signed endpoints: an automation with a hook secret, a Slack
+    connection with a signing secret."""
     async with Engine.open(settings, migrate=False, start_queue=False) as engine:
-        return await api_key(engine)
+        key = await api_key(engine)
+        await engine.publish(
+            {
+                "id": SIGNED_HOOK,
+                "steps": [{"id": "a", "kind": "set", "with": {"values": {"x": "1"}}}],
+            }
+        )
+        hook = await engine.add_hook_secret(SIGNED_HOOK)
+        await engine.integrations.add_connection(
+            engine.org_id,
+            SLACK_CONNECTION,
+            provider="slack",
+            base_url="http://127.0.0.1:9",
+            account="T0",
+            secret="xoxb-0",
+            signing_secret=SLACK_SECRET,
+        )
+        return key, hook["secret"]
 
 
 def test_schemathesis_finds_nothing(settings: Settings) -> None:
-    app = app_with_its_own_engine(dataclasses.replace(settings, queue="none"))
-    key = asyncio.run(admin_key(settings))
-    config = SchemathesisConfig.from_dict({**CONFIG, "headers": auth(key)})
+    key, hook_secret = asyncio.run(prepare(settings))
+    app = Signing(app_with_its_own_engine(dataclasses.replace(settings, queue="none")), hook_secret)
+    config = SchemathesisConfig.from_dict(
+        {**CONFIG, "headers": auth(key), "operations": CONFIG["operations"] + CALLBACKS}
+    )
     failures: dict[tuple[str, str], str] = {}
     errors: list[str] = []
     phases: dict[str, Status] = {}
@@ -214,6 +343,7 @@ def test_schemathesis_finds_nothing(settings: Settings) -> None:
         for method in item
     }
     assert checked == operations
+    assert app.signed > 0  # the signed callbacks were reached with valid signatures
 
 
 # -- the error model, by hand ------------------------------------------------------------------

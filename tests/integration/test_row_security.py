@@ -31,7 +31,7 @@ from onward.db import API_ROLE, org_pool
 from onward.engine import Engine
 
 ORGS = ("acme", "globex")
-SYSTEM_TABLES = {"engine_secrets", "leader_leases", "onward_migrations"}
+SYSTEM_TABLES = {"leader_leases", "onward_migrations"}  # not the API's at all
 WAIT = Automation("flow-0").step("wait", "wait_for", duration="1h").build()
 QUICK = (
     Automation("quick")
@@ -140,6 +140,13 @@ async def test_through_sql_as_the_api_role_each_organisation_sees_its_rows_and_n
         nothing = as_api.execute(pgsql.SQL("SELECT count(*) AS n FROM {}").format(q)).fetchone()
         assert nothing is not None and nothing["n"] == 0, table
     assert populated >= 12  # the check looked at tables that hold both organisations' rows
+    # the engine's own secrets (org '_system', the database's key) are no organisation's
+    assert (
+        sql.execute("SELECT count(*) AS n FROM engine_secrets WHERE org_id = '_system'").fetchone()[
+            "n"
+        ]
+        > 0
+    )  # type: ignore[index]
     for table in SYSTEM_TABLES:  # the engine's own tables: not the API's at all
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             as_api.execute(pgsql.SQL("SELECT 1 FROM {}").format(pgsql.Identifier(table)))

@@ -222,6 +222,19 @@ async def get_org(
 
 OrgDep = Annotated[Org, Depends(get_org)]
 
+
+async def get_callback_org(request: Request, engine: EngineDep) -> Org:
+    """The organisation of a signed provider callback (``scopes.SIGNED``): the one its path
+    names, else the engine's own. No key is asked for, and none is documented: the route checks
+    the provider's signature itself before anything is stored."""
+    assert scopes.needed(request) == scopes.SIGNED, "a callback route is SIGNED in the table"
+    org_id = request.path_params.get("org_id") or engine.org_id
+    audit.act_as("callback")
+    return Org(engine.as_tenant(org_id), org_id)
+
+
+CallbackOrgDep = Annotated[Org, Depends(get_callback_org)]
+
 # -- request bodies --------------------------------------------------------------------------
 
 
@@ -756,7 +769,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         org_id: OrgIdPath,
         automation_id: AutomationIdPath,
         request: Request,
-        org: OrgDep,
+        org: CallbackOrgDep,
         response: Response,
         x_event_id: EventIdHeader = None,
         idempotency_key: IdempotencyKeyHeader = None,

@@ -150,7 +150,16 @@ def _answer(got: Delivered, response: Response) -> SignalAnswer:
 
 def router() -> APIRouter:
     """The people-in-the-loop routes, for ``create_app`` to include."""
-    from onward.api.app import NOT_FOUND, JsonRoute, Org, OrgDep, OrgIdPath, Refused, _errors
+    from onward.api.app import (
+        NOT_FOUND,
+        CallbackOrgDep,
+        JsonRoute,
+        Org,
+        OrgDep,
+        OrgIdPath,
+        Refused,
+        _errors,
+    )
 
     routes = APIRouter(route_class=JsonRoute, tags=["signals"])
     refused = _errors(409)
@@ -363,7 +372,7 @@ def router() -> APIRouter:
     async def slack_interactivity(
         connection_id: Annotated[str, Path(pattern=ID_PATTERN)],
         request: Request,
-        org: OrgDep,
+        org: CallbackOrgDep,
         timestamp: Annotated[
             str | None, Header(alias="X-Slack-Request-Timestamp", max_length=32)
         ] = None,
@@ -400,7 +409,7 @@ def router() -> APIRouter:
         org_id: OrgIdPath,
         connection_id: Annotated[str, Path(pattern=ID_PATTERN)],
         request: Request,
-        org: OrgDep,
+        org: CallbackOrgDep,
         timestamp: Annotated[
             str | None, Header(alias="X-Slack-Request-Timestamp", max_length=32)
         ] = None,

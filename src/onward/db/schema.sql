@@ -261,6 +261,7 @@ CREATE TABLE engine_secrets (
 ALTER TABLE engine_secrets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE engine_secrets FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON engine_secrets FOR ALL TO onward_engine USING (true) WITH CHECK (true);
+CREATE POLICY one_org ON engine_secrets FOR ALL TO onward_api USING ((org_id = current_setting('onward.org_id'::text, true))) WITH CHECK ((org_id = current_setting('onward.org_id'::text, true)));
 
 CREATE TABLE erasures (
     org_id text NOT NULL,
