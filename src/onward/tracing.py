@@ -54,7 +54,11 @@ def _api() -> Any:
     if not _checked:
         _checked = True
         wanted = os.environ.get("ONWARD_TRACES", "on").strip().lower() not in ("off", "0", "false")
-        if wanted and importlib.util.find_spec("opentelemetry") is not None:
+        try:
+            found = wanted and importlib.util.find_spec("opentelemetry.trace") is not None
+        except (ImportError, ValueError):  # not installed (or hidden from this interpreter)
+            found = False
+        if found:
             from opentelemetry import trace
 
             _trace = trace

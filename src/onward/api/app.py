@@ -491,6 +491,14 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 
+TraceparentHeader = Annotated[
+    str | None,
+    Header(
+        alias="traceparent",
+        description="W3C trace context: the run's steps continue this trace (onward.tracing); "
+        "a malformed value is ignored",
+    ),
+]
 WebhookIdHeader = Annotated[
     str | None,
     Header(
@@ -636,6 +644,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         webhook_id: WebhookIdHeader = None,
         webhook_timestamp: WebhookTimestampHeader = None,
         webhook_signature: WebhookSignatureHeader = None,
+        traceparent: TraceparentHeader = None,
     ) -> Any:
         """Start a run from a webhook delivery; the JSON body is the run's input.
 
@@ -669,7 +678,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
             "Idempotency-Key": idempotency_key,
         }
         event_id = event_id_of(headers, payload)
-        started = await org.start(automation_id, payload, event_id=event_id)
+        started = await org.start(
+            automation_id, payload, event_id=event_id, traceparent=traceparent
+        )
         if not started.created:
             response.status_code = 200
         return _answer(started, automation_id, payload, event_id=event_id)
@@ -685,7 +696,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
             **_errors(409),
         },
     )
-    async def start(body: StartRequest, org: OrgDep, response: Response) -> Any:
+    async def start(
+        body: StartRequest, org: OrgDep, response: Response, traceparent: TraceparentHeader = None
+    ) -> Any:
         """Start a run with explicit fields. Start key: ``key``, else ``event_id``, else a
         hash of ``input`` (weaker). 202 for a new run, 200 for a duplicate; 409
         ``contact_erased`` when ``contact_id`` names an erased contact (nothing started)."""
@@ -696,6 +709,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
             key=body.key,
             version=body.version,
             contact_id=body.contact_id,
+            traceparent=traceparent,
         )
         if not started.created:
             response.status_code = 200
