@@ -107,9 +107,10 @@ def configure(
     ``info``; ``levels``: per logger name, default ``ONWARD_LOG_LEVELS``; ``fmt``: ``json`` or
     ``console``, default ``ONWARD_LOG_FORMAT``, else JSON unless stderr is a terminal.
 
-    Like ``logging.basicConfig``, the handler is added only when the root logger has no
-    handler of someone else's (your application's, a test runner's), unless ``force``;
-    levels are set either way. Calling it again replaces its own earlier handler."""
+    Like ``logging.basicConfig``, nothing is done to the root logger (handler, level) when it
+    has a handler of someone else's (your application's, a test runner's), unless ``force``;
+    the levels per component are set either way. Calling it again replaces its own earlier
+    handler."""
     global _configured_handler
     root_level = parse_level(level or os.environ.get("ONWARD_LOG_LEVEL") or "info")
     per_logger = (
@@ -159,7 +160,7 @@ def configure(
         handler.setFormatter(formatter)
         root.addHandler(handler)
         _configured_handler = handler
-    root.setLevel(root_level)
+        root.setLevel(root_level)
     for name in CHATTY:
         logging.getLogger(name).setLevel(max(root_level, logging.WARNING))
     for name, lvl in per_logger.items():
