@@ -176,3 +176,24 @@ print(tracing.enabled(), span, sorted(m for m in sys.modules if m.startswith("op
 """
     )
     assert hidden.split() == ["False", "None", "[]"]
+
+
+def test_with_no_tracer_provider_configured_no_span_is_made() -> None:
+    """The API installed but no provider configured (the API's proxy): steps make no span, so
+    they cost what they did without OpenTelemetry."""
+    out = run_python(
+        """
+from opentelemetry import trace
+from onward import tracing
+with tracing.step_span(org_id="o", run_id="r", seq=1, step_id="s", kind="set", lane="fast",
+                       attempt=1, worker="w") as before:
+    pass
+from opentelemetry.sdk.trace import TracerProvider
+trace.set_tracer_provider(TracerProvider())
+with tracing.step_span(org_id="o", run_id="r", seq=1, step_id="s", kind="set", lane="fast",
+                       attempt=1, worker="w") as after:
+    pass
+print(before, after.get_span_context().trace_id == tracing.run_ids("r")[0])
+"""
+    )
+    assert out.split() == ["None", "True"]
