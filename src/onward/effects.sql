@@ -2,6 +2,14 @@
 -- ("<run_id>/<step_id>/<iteration>"), never the attempt. The effect row has its own lease and
 -- owner token, separate from the step's: a replacement never calls the provider while an
 -- earlier call may still be running.
+--
+-- Every transition but the heartbeat writes its history row (effect_claimed, effect_settled,
+-- effect_reconciled, effect_not_done, effect_unknown, effect_review) in its own statement, so
+-- the run's timeline holds exactly the transitions that committed (R17). The row is filed under
+-- the effect's run and step entry, with the step's attempt and worker of whoever wrote it;
+-- %(note)s is its detail as the caller built it (effect key, idempotency key, provider, the
+-- redacted excerpt of the request or result), to which the statement adds the effect's own
+-- attempt number (owner_token) as it committed.
 
 -- name: claim
 -- First attempt: create the row in_flight, owned by token 1, with its lease -- unless the run was
@@ -21,7 +29,13 @@ ins AS (
            now() + make_interval(secs => %(lease)s), 1, now(), now()
     WHERE NOT EXISTS (SELECT 1 FROM run WHERE cancelled)
     ON CONFLICT (org_id, effect_key) DO NOTHING
-    RETURNING owner_token
+    RETURNING run_id, seq, owner_token
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT %(org_id)s, run_id, 'effect_claimed', seq, %(step_id)s, %(attempt)s, %(worker)s,
+           %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token)
+    FROM ins
 )
 SELECT (SELECT owner_token FROM ins) AS owner_token,
        coalesce((SELECT cancelled FROM run), false) AS cancelled;
@@ -36,11 +50,21 @@ FROM effects WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s;
 -- name: lapse
 -- An in_flight effect whose lease expired: a call began and nobody recorded its end, so the
 -- outcome is unknown. Only this transition may turn a lapsed call into a retry candidate.
-UPDATE effects SET status = 'outcome_unknown',
-                   last_error = coalesce(last_error, '{}'::jsonb) || '{"lapsed": true}'::jsonb
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-  AND status = 'in_flight' AND lease_until < now()
-RETURNING owner_token;
+WITH up AS (
+    UPDATE effects SET status = 'outcome_unknown',
+                       last_error = coalesce(last_error, '{}'::jsonb) || '{"lapsed": true}'::jsonb
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+      AND status = 'in_flight' AND lease_until < now()
+    RETURNING run_id, seq, owner_token, lease_until
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT %(org_id)s, run_id, 'effect_unknown', seq, %(step_id)s, %(attempt)s, %(worker)s,
+           %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token, 'lapsed', true,
+                                                 'lease_until', lease_until)
+    FROM up
+)
+SELECT owner_token FROM up;
 
 -- name: begin_attempt
 -- A new attempt of an effect whose outcome is unknown (after reconcile found nothing, for a
@@ -60,7 +84,13 @@ up AS (
         retry_approved_by = NULL
     WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
       AND NOT EXISTS (SELECT 1 FROM run WHERE cancelled)
-    RETURNING owner_token
+    RETURNING run_id, seq, owner_token
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT %(org_id)s, run_id, 'effect_claimed', seq, %(step_id)s, %(attempt)s, %(worker)s,
+           %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token, 'repeat', true)
+    FROM up
 )
 SELECT (SELECT owner_token FROM up) AS owner_token,
        coalesce((SELECT cancelled FROM run), false) AS cancelled;
@@ -74,41 +104,92 @@ RETURNING lease_until;
 
 -- name: settle
 -- Record the provider's result. A result is a fact: whoever learns it first records it, even a
--- call whose lease lapsed meanwhile; a settled result is never overwritten.
-UPDATE effects
-SET status = 'settled', result = %(result)s, settled_at = now(), lease_until = NULL
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status <> 'settled'
-RETURNING result;
+-- call whose lease lapsed meanwhile; a settled result is never overwritten. %(event)s:
+-- effect_settled (the call answered) or effect_reconciled (found at the provider by its key).
+WITH up AS (
+    UPDATE effects
+    SET status = 'settled', result = %(result)s, settled_at = now(), lease_until = NULL
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status <> 'settled'
+    RETURNING run_id, seq, owner_token, result
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT %(org_id)s, run_id, %(event)s, seq, %(step_id)s, %(attempt)s, %(worker)s,
+           %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token)
+    FROM up
+)
+SELECT result FROM up;
 
 -- name: mark_unknown
 -- The call may have happened (the connection dropped after sending): keep the row, unknown.
-UPDATE effects
-SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-  AND owner_token = %(token)s AND status = 'in_flight'
-RETURNING owner_token;
+WITH up AS (
+    UPDATE effects
+    SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+      AND owner_token = %(token)s AND status = 'in_flight'
+    RETURNING run_id, seq, owner_token
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT %(org_id)s, run_id, 'effect_unknown', seq, %(step_id)s, %(attempt)s, %(worker)s,
+           %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token)
+    FROM up
+)
+SELECT owner_token FROM up;
 
 -- name: forget_attempt
 -- The provider answered that it did not do the work (429, 401, 4xx, 5xx): nothing happened,
 -- so the claim is withdrawn and the next attempt starts clean.
-DELETE FROM effects
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-  AND owner_token = %(token)s AND status = 'in_flight' AND attempts = 1
-RETURNING effect_key;
+WITH gone AS (
+    DELETE FROM effects
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+      AND owner_token = %(token)s AND status = 'in_flight' AND attempts = 1
+    RETURNING effect_key, run_id, seq, owner_token
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT %(org_id)s, run_id, 'effect_not_done', seq, %(step_id)s, %(attempt)s, %(worker)s,
+           %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token,
+                                                 'now', 'withdrawn')
+    FROM gone
+)
+SELECT effect_key FROM gone;
 
 -- name: back_to_unknown
 -- As forget_attempt, for an effect that had earlier uncertain attempts: it stays unknown.
-UPDATE effects SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-  AND owner_token = %(token)s AND status = 'in_flight'
-RETURNING owner_token;
+WITH up AS (
+    UPDATE effects SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+      AND owner_token = %(token)s AND status = 'in_flight'
+    RETURNING run_id, seq, owner_token
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT %(org_id)s, run_id, 'effect_not_done', seq, %(step_id)s, %(attempt)s, %(worker)s,
+           %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token,
+                                                 'now', 'outcome_unknown')
+    FROM up
+)
+SELECT owner_token FROM up;
 
 -- name: park_for_review
 -- No safe way to retry: a person decides. The row keeps what is known.
-UPDATE effects SET status = 'review', lease_until = NULL,
-                   last_error = coalesce(%(error)s, last_error)
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
-RETURNING first_attempt_at, attempts, last_error;
+WITH up AS (
+    UPDATE effects SET status = 'review', lease_until = NULL,
+                       last_error = coalesce(%(error)s, last_error)
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
+    RETURNING run_id, seq, owner_token, first_attempt_at, attempts, last_error
+),
+hist AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT %(org_id)s, run_id, 'effect_review', seq, %(step_id)s, %(attempt)s, %(worker)s,
+           %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token,
+                                                 'attempts', attempts,
+                                                 'first_attempt_at', first_attempt_at,
+                                                 'last_error', last_error)
+    FROM up
+)
+SELECT first_attempt_at, attempts, last_error FROM up;
 
 -- name: in_review
 -- The effects of one step entry that wait for a person (effects_review), locked: a person's

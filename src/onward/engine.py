@@ -166,7 +166,10 @@ class Engine:
         key: str | None = None,
         version: int | None = None,
         contact_id: str | None = None,
+        traceparent: str | None = None,
     ) -> Started:
+        """Start a run (R1: a repeated start key answers the first run, ``created`` False).
+        ``traceparent``: a W3C trace context the run's steps continue (``onward.tracing``)."""
         return await start_run(
             self.pool,
             self.org_id,
@@ -179,6 +182,7 @@ class Engine:
             max_payload_bytes=self.settings.max_payload_bytes,
             registry=self.registry,
             versions=self.versions,
+            traceparent=traceparent,
         )
 
     async def show(self, run_id: str) -> dict[str, Any]:

@@ -1,12 +1,18 @@
 """Reading a run's history (R17) and rendering it as a timeline.
 
 Rows are written by each transition's own statement (start.sql, leases.sql, timers.sql,
-sweep.sql) so the log can never disagree with the state it describes.
+sweep.sql, effects.sql) so the log can never disagree with the state it describes.
+
+What a row keeps of a request or a result is an :func:`excerpt`: secret-looking fields
+(:data:`SECRET_WORDS`) replaced by ``[redacted]``, long text clipped, the whole bounded to about
+a kilobyte -- a timeline, not a copy of the provider's traffic.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +21,68 @@ from onward.db.sql import Queries
 from onward.errors import UnknownRun
 
 Q = Queries(__package__, "history.sql")
+
+#: A field whose name contains one of these words holds a credential: its value is never kept.
+SECRET_WORDS = (
+    "authorization",
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "cookie",
+    "credential",
+    "private_key",
+    "signature",
+)
+_SECRET = re.compile("|".join(SECRET_WORDS).replace("_", "[-_]?"), re.IGNORECASE)
+REDACTED = "[redacted]"
+EXCERPT_BYTES = 1024
+_TEXT_CHARS, _ITEMS, _DEPTH = 200, 20, 4
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a field named ``name`` holds a credential (``Authorization``, ``api-key``, ...)."""
+    return _SECRET.search(name) is not None
+
+
+def redact(value: Any, depth: int = 0) -> Any:
+    """``value`` with every secret-looking field's value replaced, text clipped to 200
+    characters, lists to 20 items and nesting to 4 levels."""
+    if isinstance(value, dict):
+        if depth >= _DEPTH:
+            return "{…}"
+        out: dict[str, Any] = {}
+        for i, (k, v) in enumerate(value.items()):
+            if i == _ITEMS:
+                out["…"] = f"{len(value) - _ITEMS} more"
+                break
+            name = str(k)
+            out[name] = REDACTED if is_secret_name(name) else redact(v, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        if depth >= _DEPTH:
+            return "[…]"
+        items = [redact(v, depth + 1) for v in value[:_ITEMS]]
+        return [*items, f"{len(value) - _ITEMS} more"] if len(value) > _ITEMS else items
+    if isinstance(value, str):
+        return value if len(value) <= _TEXT_CHARS else value[: _TEXT_CHARS - 1] + "…"
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)  # jsonb holds no NaN
+    return redact(str(value), depth)
+
+
+def excerpt(value: Any, limit: int = EXCERPT_BYTES) -> Any:
+    """What a history row keeps of a request or result: :func:`redact`, and when that is still
+    longer than ``limit`` bytes as JSON, its first ``limit`` characters as text."""
+    kept = redact(value)
+    text = json.dumps(kept, default=str, ensure_ascii=False, separators=(",", ":"))
+    if len(text.encode()) <= limit:
+        return kept
+    return text.encode()[: limit - 3].decode(errors="ignore") + "…"
 
 
 async def run_view(pool: Pool, org_id: str, run_id: str) -> dict[str, Any]:
@@ -61,6 +129,26 @@ def _short(value: Any, limit: int = 90) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _detail_text(event: str, detail: Any) -> str:
+    """An effect's row shows its key, its own attempt, the provider's reference and what went
+    wrong; every other row its detail, shortened."""
+    if not event.startswith("effect_") or not isinstance(detail, dict) or "redacted" in detail:
+        return _short(detail)
+    parts = [f"{detail.get('provider')} {detail.get('effect_key')}"]
+    if detail.get("effect_attempt") is not None:
+        parts.append(f"effect attempt {detail['effect_attempt']}")
+    if detail.get("reference"):
+        parts.append(f"ref {detail['reference']}")
+    error = detail.get("error")
+    if isinstance(error, dict):
+        parts.append(_short(f"{error.get('type')}: {error.get('message')}", 70).strip('"'))
+    if detail.get("lapsed"):
+        parts.append("effect lease lapsed")
+    if detail.get("now"):
+        parts.append(f"now {detail['now']}")
+    return "  ".join(parts)
+
+
 def render_timeline(view: dict[str, Any]) -> str:
     """A human-readable timeline: one line per transition, times relative to the start."""
     run, events = view["run"], view["history"]
@@ -76,6 +164,6 @@ def render_timeline(view: dict[str, Any]) -> str:
         step = f" {e['step_id']}#{e['seq']}" if e.get("step_id") else ""
         who = f" attempt {e['attempt']}" if e.get("attempt") is not None else ""
         who += f" by {e['worker']}" if e.get("worker") else ""
-        detail = f"  {_short(e['detail'])}" if e.get("detail") else ""
-        lines.append(f"  +{offset:8.3f}s  {e['event']:<16}{step}{who}{detail}")
+        detail = f"  {_detail_text(e['event'], e['detail'])}" if e.get("detail") else ""
+        lines.append(f"  +{offset:8.3f}s  {e['event']:<17}{step}{who}{detail}")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ hist AS (
 -- the version of the step's definition: the step row's own when a migration moved it (the
 -- locked row is current; this join reads the run as of the statement's snapshot)
 SELECT c.*, now() AS db_now, r.automation_id, coalesce(c.step_version, r.version) AS version,
-       r.input, r.ctx, r.visits,
+       r.input, r.ctx, r.visits, r.traceparent,
        r.steps_executed,
        r.max_steps, r.cancel_requested_at IS NOT NULL AS cancel_requested,
        r.steps_executed >= r.max_steps AS over_steps, now() > r.deadline_at AS over_age

@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from onward import audit, erasure, ids, metrics
+from onward import audit, erasure, ids, metrics, tracing
 from onward.automations.versions import VersionCache
 from onward.crashpoints import crash_point
 from onward.db import Pool
@@ -61,10 +61,13 @@ async def start_run(
     max_payload_bytes: int = 256 * 1024,
     registry: Registry | None = None,
     versions: VersionCache | None = None,
+    traceparent: str | None = None,
 ) -> Started:
     """Start a run of the latest (or given) version: one statement, one commit for a new run;
     a duplicate costs one more read. ``registry`` and ``versions`` are accepted for callers
-    that pass them; the version's first step was resolved when it was published."""
+    that pass them; the version's first step was resolved when it was published.
+    ``traceparent``: the W3C trace context of the request that asked for the run, kept so its
+    steps continue that trace (``onward.tracing``; an invalid one is ignored)."""
     # What PostgreSQL would refuse mid-statement (NUL, lone surrogates, NaN, too deep) is
     # refused here, whole, before anything is written.
     limits = (
@@ -97,6 +100,7 @@ async def start_run(
         "start_key_kind": kind,
         "input": Jsonb(payload),
         "contact_id": contact_id,
+        "traceparent": tracing.valid_traceparent(traceparent),
     }
     async with pool.connection() as conn:
         if contact_id is None:

@@ -17,11 +17,12 @@ org AS (
 ),
 run AS (
     INSERT INTO runs (org_id, run_id, automation_id, version, start_key, start_key_kind, status,
-                      input, ctx, visits, current_seq, max_steps, deadline_at, contact_id)
+                      input, ctx, visits, current_seq, max_steps, deadline_at, contact_id,
+                      traceparent)
     SELECT %(org_id)s, %(run_id)s, %(automation_id)s, v.version, %(start_key)s,
            %(start_key_kind)s, 'active', %(input)s, '{"vars": {}, "steps": {}}',
            jsonb_build_object(v.start_step_id, 1), 1, v.max_steps,
-           now() + make_interval(secs => v.max_age_s), %(contact_id)s
+           now() + make_interval(secs => v.max_age_s), %(contact_id)s, %(traceparent)s::text
     FROM v
     ON CONFLICT (org_id, start_key) DO NOTHING
     RETURNING org_id, run_id, version

@@ -22,6 +22,10 @@ lapses and the sweep hands the step to another worker.
 Graceful shutdown (SIGTERM): stop claiming, let running steps finish within the grace period,
 then cancel the rest and release them with ``lease_until = now()`` so another worker claims
 them at once.
+
+Seeing a step: while a step runs, its org, run, step id, seq, attempt and this worker's id are
+bound to every log line (``onward.logs.step_context``), and with OpenTelemetry installed its
+kind runs inside a span of its run's trace (``onward.tracing.step_span``).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import psycopg
 from pydantic import ValidationError
 
 from onward import lanes as lane_policies
-from onward import leases, metrics, policy, timers
+from onward import leases, logs, metrics, policy, timers, tracing
 from onward.automations.document import AutomationDoc, StepDef
 from onward.automations.versions import VersionCache
 from onward.config import Settings
@@ -199,6 +203,9 @@ class Worker:
             lane = row["lane"]
             token = Token(row["org_id"], row["run_id"], row["seq"], row["attempt"])
             began = time.perf_counter()
+            bound = logs.step_context(
+                token.org_id, token.run_id, row["step_id"], token.seq, token.attempt, self.id
+            )
             try:
                 row = await self._execute(row, token)
             except (psycopg.OperationalError, OSError) as exc:
@@ -218,6 +225,7 @@ class Worker:
                     await self._write(token, policy.engine_error(exc))
             finally:
                 metrics.step_timed(lane, time.perf_counter() - began)
+                logs.unbind(bound)
                 self.held.pop(token.key, None)
                 self.running[lane] -= 1
                 if lane in self.kick:
@@ -333,8 +341,20 @@ class Worker:
             automation=doc,
         )
         timeout = parse_duration(step.timeout) if step.timeout is not None else None
+        log.debug("step %s (%s) running", step.id, row["kind"])
         try:
-            result = await self._call(spec, ctx, lease_lost, timeout)
+            with tracing.step_span(
+                org_id=token.org_id,
+                run_id=token.run_id,
+                seq=token.seq,
+                step_id=step.id,
+                kind=row["kind"],
+                lane=row["lane"],
+                attempt=token.attempt,
+                worker=self.id,
+                traceparent=row.get("traceparent"),
+            ):
+                result = await self._call(spec, ctx, lease_lost, timeout)
         except _LeaseLostError:
             self.stats.lost += 1
             metrics.lease_lost(row["lane"])

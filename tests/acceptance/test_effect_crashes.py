@@ -54,6 +54,11 @@ def effect_worker(spawn: Spawn) -> Spawn:
     return start
 
 
+def effect_history(sql: psycopg.Connection, run_id: str) -> list[dict]:
+    """The run's effect rows (issue 15), oldest first."""
+    return [dict(e) for e in history(sql, run_id) if e["event"].startswith("effect_")]
+
+
 # -- the provider (the ``sandbox`` and ``admin`` fixtures: tests/conftest.py) --------------------
 async def start_one(
     engine: Engine, sandbox: SandboxServer, provider: str, event_id: str
@@ -159,6 +164,13 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
         assert (left["status"], left["attempts"], left["result"]) == ("in_flight", 1, None), left
     step = step_row(sql, run_id, 1)
     assert (step["status"], step["attempt"], step["owner"]) == ("running", 1, "proc-a"), step
+    # the timeline holds exactly the effect transitions that committed (each row is written by
+    # its transition's own statement): the claim, and the settle when it happened
+    at_crash = [(e["event"], e["worker"]) for e in effect_history(sql, run_id)]
+    if case == "after_effect_settled":
+        assert at_crash == [("effect_claimed", "proc-a"), ("effect_settled", "proc-a")]
+    else:
+        assert at_crash == [("effect_claimed", "proc-a")]
     if case == "before_call":
         assert admin.ledger("email") == []
     elif case != "during_call_before_work":
@@ -185,6 +197,13 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
     assert claims == [(1, "proc-a"), (2, "proc-b")]
     assert len(history(sql, run_id, "lease_expired")) == 1
     assert [e["worker"] for e in history(sql, run_id, "step_done") if e["seq"] == 1] == ["proc-b"]
+    # every attempt of the effect claimed it on the timeline, and its last row is its outcome
+    rows = effect_history(sql, run_id)
+    assert len([e for e in rows if e["event"] == "effect_claimed"]) == done["attempts"], rows
+    assert rows[-1]["event"] in ("effect_settled", "effect_reconciled"), rows
+    assert rows[-1]["detail"]["reference"] == entry["response_id"]
+    if case != "after_effect_settled":  # proc-b found the lapsed effect lease first
+        assert ("effect_unknown", "proc-b") in [(e["event"], e["worker"]) for e in rows], rows
 
     b.terminate()
     assert await b.exited() == 0, b.log_text()

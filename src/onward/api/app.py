@@ -541,6 +541,14 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 
+TraceparentHeader = Annotated[
+    str | None,
+    Header(
+        alias="traceparent",
+        description="W3C trace context: the run's steps continue this trace (onward.tracing); "
+        "a malformed value is ignored",
+    ),
+]
 WebhookIdHeader = Annotated[
     str | None,
     Header(
@@ -685,6 +693,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         ids: dict[str, str | None],
         *,
         signed: bool,
+        traceparent: str | None,
     ) -> StartAnswer:
         settings = org.engine.settings
         pool, org_id = org.engine.pool, org.org_id
@@ -715,7 +724,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         if not isinstance(payload, dict):
             raise InvalidInput("body: must be a JSON object (the run's input)")
         event_id = event_id_of(ids, payload)
-        started = await org.start(automation_id, payload, event_id=event_id)
+        started = await org.start(
+            automation_id, payload, event_id=event_id, traceparent=traceparent
+        )
         if not started.created:
             response.status_code = 200
         return _answer(started, automation_id, payload, event_id=event_id)
@@ -738,6 +749,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         webhook_id: WebhookIdHeader = None,
         webhook_timestamp: WebhookTimestampHeader = None,
         webhook_signature: WebhookSignatureHeader = None,
+        traceparent: TraceparentHeader = None,
     ) -> Any:
         """Start a run from a webhook delivery, with an API key (``runs:write``); the JSON
         body is the run's input. For a provider that signs instead, see
@@ -755,7 +767,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
             "X-Event-Id": x_event_id,
             "Idempotency-Key": idempotency_key,
         }
-        return await take_hook(org, automation_id, request, response, ids, signed=False)
+        return await take_hook(
+            org, automation_id, request, response, ids, signed=False, traceparent=traceparent
+        )
 
     @app.post(
         "/v1/orgs/{org_id}/hooks/{automation_id}",
@@ -776,6 +790,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         webhook_id: WebhookIdHeader = None,
         webhook_timestamp: WebhookTimestampHeader = None,
         webhook_signature: WebhookSignatureHeader = None,
+        traceparent: TraceparentHeader = None,
     ) -> Any:
         """A provider's webhook to the organisation ``org_id``: no API key, the Standard
         Webhooks signature instead -- the endpoint must have secrets
@@ -788,7 +803,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
             "X-Event-Id": x_event_id,
             "Idempotency-Key": idempotency_key,
         }
-        return await take_hook(org, automation_id, request, response, ids, signed=True)
+        return await take_hook(
+            org, automation_id, request, response, ids, signed=True, traceparent=traceparent
+        )
 
     @app.post(
         "/v1/runs",
@@ -801,7 +818,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
             **_errors(409),
         },
     )
-    async def start(body: StartRequest, org: OrgDep, response: Response) -> Any:
+    async def start(
+        body: StartRequest, org: OrgDep, response: Response, traceparent: TraceparentHeader = None
+    ) -> Any:
         """Start a run with explicit fields. Start key: ``key``, else ``event_id``, else a
         hash of ``input`` (weaker). 202 for a new run, 200 for a duplicate; 409
         ``contact_erased`` when ``contact_id`` names an erased contact (nothing started)."""
@@ -812,6 +831,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
             key=body.key,
             version=body.version,
             contact_id=body.contact_id,
+            traceparent=traceparent,
         )
         if not started.created:
             response.status_code = 200

@@ -353,6 +353,7 @@ async def _sql_loop(url: str, n: int, clients: int) -> dict[str, Any]:
             "max_steps": 1000,
             "max_age": 86400.0,
             "contact_id": None,
+            "traceparent": None,
         }
         for i in range(n)
     ]

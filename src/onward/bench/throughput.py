@@ -291,6 +291,7 @@ def _prepare_replay(url: str, n: int, rep: int) -> None:
             "max_steps": 1000,
             "max_age": 86400.0,
             "contact_id": None,
+            "traceparent": None,
         }
         for i in range(n)
     ]
