@@ -286,3 +286,43 @@ async def test_cli_adds_lists_and_removes_secrets(engine: Engine, db_url: str, s
     out = ok(onward("hooks", "secret", "remove", "signed", secret_id))
     assert out.strip() == f"removed {secret_id} from signed"
     refused_cli(onward("hooks", "secret", "remove", "signed", secret_id), secret_id)
+
+
+async def test_a_provider_without_a_key_signs_to_its_organisations_path(
+    engine: Engine, sql: Sql
+) -> None:
+    async with served(engine) as client:
+        secret = (await add_secret(client, "signed"))["secret"]
+        path = f"/v1/orgs/{engine.org_id}/hooks/signed"
+        body = b'{"name":"Maya"}'
+        keyless = httpx.AsyncClient(base_url=str(client.base_url), timeout=10)
+        async with keyless:
+            first = await keyless.post(path, content=body, headers=signed(secret, "p1", body))
+            assert first.status_code == 202, first.text
+            again = await keyless.post(path, content=body, headers=signed(secret, "p1", body))
+            assert again.status_code == 200 and again.json()["run_id"] == first.json()["run_id"]
+            unsigned = await keyless.post(
+                path, content=body, headers={"content-type": "application/json"}
+            )
+            unauthorized(unsigned)  # the signature's 401: no key is asked for here
+            # an endpoint with no secret takes nobody on this path, signed or not
+            unauthorized(
+                await keyless.post(
+                    f"/v1/orgs/{engine.org_id}/hooks/open",
+                    content=body,
+                    headers=signed(secret, "p2", body),
+                )
+            )
+            # nor does another organisation's path name this automation's secrets
+            unauthorized(
+                await keyless.post(
+                    "/v1/orgs/globex/hooks/signed", content=body, headers=signed(secret, "p3", body)
+                )
+            )
+            # the keyed route still wants its key
+            keyed = await keyless.post(
+                "/v1/hooks/signed", content=body, headers=signed(secret, "p4", body)
+            )
+            assert keyed.status_code == 401 and "API key" in keyed.json()["detail"]
+    assert [r["run_id"] for r in runs(sql, "signed")] == [first.json()["run_id"]]
+    assert runs(sql, "open") == []

@@ -1204,11 +1204,14 @@ def _ledger_figures(
 
 # -- the people ----------------------------------------------------------------------------------
 
-# Pending requests whose Slack message is posted (the ts is recorded right after the post).
+# Pending requests whose Slack message is posted (the ts is recorded right after the post). Not
+# an erased run's: its input no longer says which event it was, and its cancel is on the way
+# (an erasure that met its approval step in flight cancels it at the step's settle).
 _PENDING_APPROVALS = """
 SELECT a.approval_id, a.message_ts, (r.input->>'i')::int AS i
 FROM approvals a JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
 WHERE a.org_id = %s AND a.status = 'pending' AND a.message_ts IS NOT NULL
+  AND r.erased_at IS NULL
 ORDER BY a.created_at
 """
 
@@ -1221,7 +1224,7 @@ FROM effects e
 JOIN runs r ON r.org_id = e.org_id AND r.run_id = e.run_id
 LEFT JOIN steps w ON w.org_id = r.org_id AND w.run_id = r.run_id AND w.step_id = 'wait_reply'
 WHERE e.org_id = %s AND e.provider = 'email' AND e.status = 'settled'
-  AND r.finished_at IS NULL
+  AND r.finished_at IS NULL AND r.erased_at IS NULL
 ORDER BY e.settled_at
 """
 
@@ -1231,6 +1234,7 @@ _ABOUT_TO_SEND = """
 SELECT r.run_id, (r.input->>'i')::int AS i
 FROM approvals a JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
 WHERE a.org_id = %s AND a.status = 'approved' AND r.finished_at IS NULL
+  AND r.erased_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM steps s
                   WHERE s.org_id = a.org_id AND s.run_id = a.run_id AND s.step_id = 'send'
                     AND s.status = 'done')
@@ -1540,6 +1544,8 @@ class _Chaos:
         self.settings, self.url, self.admin_url = settings, url, admin_url
         self.api_port = api_port
         self.api_auth = {"Authorization": f"Bearer {api_key}"}  # an admin key of the org
+        self._http = threading.local()  # each thread's keep-alive client of the API
+        self._http_clients: list[httpx.Client] = []
         self.people = _People(url, settings.org_id, sandbox.url)
         self.sandbox, self.report, self.out, self.rng = sandbox, report, out, rng
         self.runs, self.kills_per_point, self.workers = runs, kills_per_point, workers
@@ -1917,16 +1923,28 @@ class _Chaos:
 
     def _send_cancel(self, run_id: str, plan: str) -> None:
         try:
-            reply = httpx.post(
-                f"http://127.0.0.1:{self.api_port}/v1/runs/{run_id}/cancel",
+            reply = self._api().post(
+                f"/v1/runs/{run_id}/cancel",
                 json={"by": "chaos", "reason": f"cancelled {plan}"},
-                headers=self.api_auth,
                 timeout=5.0,
             )
         except httpx.HTTPError:
             return
         if reply.status_code == 200:
             self.cancels.setdefault(run_id, (reply.json()["outcome"], time.time()))
+
+    def _api(self) -> httpx.Client:
+        """This thread's client of the engine API: kept alive between calls (a new client and
+        connection per call cost more than the step a cancel must catch in flight), with the
+        admin key on every request."""
+        client: httpx.Client | None = getattr(self._http, "client", None)
+        if client is None:
+            client = httpx.Client(
+                base_url=f"http://127.0.0.1:{self.api_port}", headers=self.api_auth, timeout=5.0
+            )
+            self._http.client = client
+            self._http_clients.append(client)
+        return client
 
     def _cancel_in_flight(self, stop: threading.Event) -> None:
         """A thread of its own (its own connection, every 10 ms): the main loop's 0.1 s tick
@@ -2122,10 +2140,9 @@ class _Chaos:
         self.erasing.setdefault(contact, None)
         self.report.erasure_requests += 1
         try:
-            reply = httpx.post(
-                f"http://127.0.0.1:{self.api_port}/v1/contacts/{contact}/erase",
+            reply = self._api().post(
+                f"/v1/contacts/{contact}/erase",
                 json={"by": "chaos"},
-                headers=self.api_auth,
                 timeout=20.0,
             )
         except httpx.HTTPError:
@@ -2229,10 +2246,8 @@ class _Chaos:
                     o["since"] = now
         elif o["state"] == "restoring":
             try:
-                reply = httpx.post(
-                    f"http://127.0.0.1:{self.api_port}/v1/connections/"
-                    f"{scenario.BREAK_CONNECTION}/restore",
-                    headers=self.api_auth,
+                reply = self._api().post(
+                    f"/v1/connections/{scenario.BREAK_CONNECTION}/restore",
                     timeout=5.0,
                 )
             except httpx.HTTPError:
@@ -2283,10 +2298,9 @@ class _Chaos:
             return
         for r in rows:
             try:
-                reply = httpx.post(
-                    f"http://127.0.0.1:{self.api_port}/v1/runs/{r['run_id']}/resume",
+                reply = self._api().post(
+                    f"/v1/runs/{r['run_id']}/resume",
                     json={"by": "chaos"},
-                    headers=self.api_auth,
                     timeout=5.0,
                 )
             except httpx.HTTPError:
@@ -2674,6 +2688,8 @@ class _Chaos:
             self.killer = None
 
     def stop_all(self) -> None:
+        for client in self._http_clients:
+            client.close()
         working = [p for p in self.procs.values() if p.alive()]
         if self.migrator is not None and self.migrator.alive():
             working.append(self.migrator)
