@@ -82,6 +82,7 @@ class Engine:
         self.settings, self.url, self.pool, self.queue = settings, url, pool, queue
         self.registry = registry
         self.api_pool: Pool | None = None  # Engine.open makes it (as_tenant)
+        self.engine_pool = pool  # the engine's role, in every view too (its own secrets)
         self.versions = VersionCache(pool)
         self.org_id = settings.org_id
         self.id = new_worker_id()
@@ -299,7 +300,8 @@ class Engine:
     ) -> dict[str, Any]:
         """Decide with a button's token (what Slack's interactivity sends). ``action`` (the
         button pressed) must match the decision the token was made for."""
-        secret = await approval_ops.token_secret(self.pool, self.settings.signing_secret)
+        # the engine's own secret (org '_system'): read on the engine's pool, never a tenant's
+        secret = await approval_ops.token_secret(self.engine_pool, self.settings.signing_secret)
         parsed = approval_ops.read_token(secret, token)
         if action is not None and approval_ops.DECISIONS.get(action) != parsed.decision:
             raise DecisionRefused("invalid_token", "this token belongs to the other button")

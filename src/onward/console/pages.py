@@ -176,7 +176,7 @@ def page(name: str, status: int = 200, **values: Any) -> HTMLResponse:
 
 
 async def _sessions(engine: Engine) -> auth.Sessions:
-    key = await token_secret(engine.pool, engine.settings.signing_secret)
+    key = await token_secret(engine.engine_pool, engine.settings.signing_secret)
     return auth.Sessions(key)
 
 
