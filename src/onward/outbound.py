@@ -185,6 +185,8 @@ async def resolve(host: str, port: int, timeout: float | None) -> list[IP]:
         raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than {timeout}s") from None
     except OSError as exc:
         raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
+    except UnicodeError as exc:  # a name the idna codec refuses (an empty or 64+ char label)
+        raise httpcore.ConnectError(f"cannot resolve {host[:200]!r}: {exc}") from exc
     out: list[IP] = []
     for info in infos:
         ip = ipaddress.ip_address(str(info[4][0]).partition("%")[0])

@@ -208,7 +208,7 @@ async def test_the_console_in_a_browser(
         resumed = sql.execute(
             "SELECT detail FROM history WHERE run_id = %s AND event = 'step_resumed'", (parked,)
         ).fetchone()
-        assert resumed is not None and resumed["detail"]["by"].startswith("console:key_")
+        assert resumed is not None and resumed["detail"]["by"] == f"console:{key.split('_')[1]}"
         await shots.take(page, "resumed")
 
         # -- health, automations, schedules --------------------------------------------------

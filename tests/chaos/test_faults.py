@@ -342,7 +342,8 @@ async def test_postgres_restarted_mid_load_workers_reconnect_and_carry_on(
             ]
             # this throwaway server runs with synchronous_commit off: make the starts the test
             # counts on durable before the crash (the workers' own commits may still be lost)
-            async with engine.pool.connection() as conn:
+            # (as the URL's superuser: the engine's own role may not checkpoint)
+            async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
                 await conn.execute("CHECKPOINT")
             await asyncio.to_thread(pg.restart)  # every session cut, crash recovery
             late = [

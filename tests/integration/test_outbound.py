@@ -26,11 +26,12 @@ import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpcore
 import httpx
 import psycopg
 import pytest
 
-from onward import Automation
+from onward import Automation, outbound
 from onward.api import ApiServer, create_app
 from onward.config import Settings
 from onward.engine import Engine
@@ -209,3 +210,11 @@ async def test_http_shows_allows_and_disallows_and_a_bad_entry_is_a_422(
         gone = await http.post("/v1/outbound/disallow", json={"entries": ["x.test"]})
         assert gone.json()["org"] == ["fd00::/8"]
         assert (await http.get("/v1/outbound/allow")).json()["org"] == ["fd00::/8"]
+
+
+async def test_a_name_the_idna_codec_refuses_is_a_connect_error_not_a_crash() -> None:
+    # found by schemathesis: a connection's base URL with a 64-character label made the probe
+    # answer 500 (UnicodeError out of getaddrinfo)
+    for host in ("x" * 64 + ".example", "a..b.example"):
+        with pytest.raises(httpcore.ConnectError, match="cannot resolve"):
+            await outbound.resolve(host, 443, 5.0)

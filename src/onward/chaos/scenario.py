@@ -386,6 +386,11 @@ def connect_people(admin: SandboxAdmin, api_url: str, signing_secret: str, api_k
     admin.email_inbound(ACCOUNT, with_key(f"{api_url}/v1/inbound/email", api_key))
 
 
+# A draft takes a while, as a model's does: the runner's in-flight cancels need a step that is
+# running long enough to be seen (a sandbox answering in a millisecond is rarely caught).
+MODEL_LATENCY_MS = 120
+
+
 def fault_knobs(seed: int, *, light: bool = True) -> dict[str, dict[str, Any]]:
     """A little of every provider failure the design names, on top of the kills.
 
@@ -395,7 +400,7 @@ def fault_knobs(seed: int, *, light: bool = True) -> dict[str, dict[str, Any]]:
     model gets no dropped responses: it has neither idempotency nor search, so an unknown
     generation parks too, and the kills already exercise that."""
     if not light:
-        return {}
+        return {"model": {"latency_ms": MODEL_LATENCY_MS}}
     knobs: dict[str, dict[str, Any]] = {}
     for n, provider in enumerate(("email", "crm", "model", "payment", "slack")):
         k: dict[str, Any] = {
@@ -406,6 +411,8 @@ def fault_knobs(seed: int, *, light: bool = True) -> dict[str, dict[str, Any]]:
         }
         if provider != "model":
             k["drop_after_work_rate"] = 0.01
+        else:
+            k["latency_ms"] = MODEL_LATENCY_MS
         knobs[provider] = k
     return knobs
 
