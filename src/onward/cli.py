@@ -248,6 +248,17 @@ async def _acting(coro: Coroutine[Any, Any, T]) -> T:
     return await coro
 
 
+async def _has_live_key(engine: Engine) -> bool:
+    """Whether the engine's organisation has a live API key: a hint at start, never a reason
+    to stop (a lost connection answers "yes", and the API starts as it would)."""
+    from onward.db import read
+
+    try:
+        return any(k["revoked_at"] is None for k in await read(engine.pool, engine.keys))
+    except (psycopg.Error, OnwardError):
+        return True
+
+
 def _progress(line: str) -> None:
     typer.echo(line, err=True)
 
@@ -646,7 +657,7 @@ async def _serve(
             await api.start()
             waiters.append(asyncio.ensure_future(api.wait_closed()))
             log.info("API on %s (OpenAPI at %s/docs)", api.url, api.url)
-            if not any(k["revoked_at"] is None for k in await engine.keys()):
+            if not await _has_live_key(engine):
                 log.info(
                     "organisation %s has no API key yet: every route but /healthz needs one "
                     "(onward --org %s keys create admin --scope admin)",

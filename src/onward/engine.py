@@ -41,6 +41,7 @@ from onward.automations.versions import Published, VersionCache, publish, publis
 from onward.config import Settings
 from onward.connections import Integrations
 from onward.db import API_ROLE, Pool, make_pool, org_pool, resolve_url
+from onward.db import read as db_read
 from onward.db.migrate import apply as apply_migrations
 from onward.effects import Effects
 from onward.errors import DecisionRefused, InvalidInput, UnknownAutomation
@@ -54,6 +55,13 @@ from onward.sweep import Sweeper
 from onward.worker import Worker, new_worker_id
 
 log = logging.getLogger("onward")
+
+
+async def _warm(pool: Pool) -> None:
+    """Read the database's own encryption key into this process (the API's role may not)."""
+    async with pool.connection() as conn:
+        await vault.warm(conn)
+
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "exceeded"})
 
@@ -124,8 +132,7 @@ class Engine:
         await api_pool.open(wait=False)
         queue = make_queue(settings, url)
         try:
-            async with pool.connection() as conn:
-                await vault.warm(conn)  # the API's role may not read the database's own key
+            await db_read(pool, lambda: _warm(pool))  # repeated once after a lost connection
             if start_queue:
                 await queue.start()
             engine = cls(settings, url, pool, queue, registry or default_registry)

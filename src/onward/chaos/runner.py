@@ -2733,11 +2733,14 @@ WHERE r.org_id = %(org)s AND r.finished_at IS NULL AND r.cancel_requested_at IS 
   AND mod((r.input->>'i')::int, 10) IN (4, 8)
 """
 
-# the runs planned to be cancelled with a step in flight (i % 10 == 8) that have one running
+# the runs planned to be cancelled with a step in flight (i % 10 == 8) whose draft is running:
+# the model's call takes scenario.MODEL_LATENCY_MS, time enough for the cancel to land in it
+# (a `set` step runs for a millisecond: a cancel aimed at one lands after it)
 _IN_FLIGHT = """
 SELECT r.run_id
 FROM runs r
 JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id AND s.status = 'running'
+            AND s.step_id = 'draft'
 WHERE r.org_id = %(org)s AND r.finished_at IS NULL AND r.cancel_requested_at IS NULL
   AND mod((r.input->>'i')::int, 10) = 8
 """
