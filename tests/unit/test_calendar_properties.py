@@ -513,7 +513,9 @@ def test_no_occurrence_lies_between_the_reference_and_the_next(case: Case, fract
         occ.utc - timedelta(minutes=1),
         occ.utc - timedelta(hours=1),
         occ.utc - MAX_SHIFT,
-        case.after + (occ.utc - case.after) * fraction,
+        # in UTC: wall-clock arithmetic on an aware datetime drops its fold, and the second
+        # 02:00 of a fall-back night would become the first (an hour earlier than `after`)
+        case.after.astimezone(UTC) + (occ.utc - case.after) * fraction,
     ]
     for point in points:
         if case.after <= point < occ.utc:
@@ -639,3 +641,15 @@ def test_spread_offsets_and_plans_are_the_same_in_another_process() -> None:
         assert planned is not None
         here.append([planned[0].isoformat(), json.loads(json.dumps(planned[1]))])
     assert plans == here
+
+
+def test_asking_again_from_the_second_of_two_equal_wall_times_gives_the_same_next() -> None:
+    """The example hypothesis found (a fall-back night in Berlin): from the *second* 02:00
+    (01:00 UTC) a daily 02:59 has already fired its once (00:59 UTC), so the next is the next
+    day's; the same instant written in UTC must give the same answer."""
+    berlin = zone("Europe/Berlin")
+    second = datetime(2020, 10, 25, 2, 0, fold=1, tzinfo=berlin)
+    rule = parse_rule("02:59 every day")
+    occ = next_occurrence(rule, berlin, second)
+    assert occ is not None and occ.wall == datetime(2020, 10, 26, 2, 59)
+    assert next_occurrence(rule, berlin, second.astimezone(UTC)) == occ
