@@ -355,19 +355,7 @@ def router() -> APIRouter:
         response_model=SlackAnswer,
         tags=["approvals"],
         responses={**NOT_FOUND, **_errors(401)},
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/x-www-form-urlencoded": {
-                        "schema": {
-                            "type": "object",
-                            "properties": {"payload": {"type": "string"}},
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=SLACK_FORM,
     )
     async def slack_interactivity(
         connection_id: Annotated[str, Path(pattern=ID_PATTERN)],
@@ -391,19 +379,7 @@ def router() -> APIRouter:
         response_model=SlackAnswer,
         tags=["approvals"],
         responses={**NOT_FOUND, **_errors(401)},
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/x-www-form-urlencoded": {
-                        "schema": {
-                            "type": "object",
-                            "properties": {"payload": {"type": "string"}},
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=SLACK_FORM,
     )
     async def org_slack_interactivity(
         org_id: OrgIdPath,
@@ -422,6 +398,19 @@ def router() -> APIRouter:
         return await take_click(org, connection_id, request, timestamp, signature, retry_num)
 
     return routes
+
+
+# Slack's interactivity body: a form with one field, the click as JSON
+SLACK_FORM: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/x-www-form-urlencoded": {
+                "schema": {"type": "object", "properties": {"payload": {"type": "string"}}}
+            }
+        },
+    }
+}
 
 
 def _body_hash(raw: bytes) -> str:
