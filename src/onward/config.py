@@ -98,6 +98,9 @@ class Settings:
     metrics_port: int | None = None
     #: how often the elected sweeper measures the health gauges
     metrics_seconds: float = 15.0
+    #: how long a process trusts an API key it verified and an endpoint's webhook secrets
+    #: without reading them again (onward.cache); 0: read them on every request
+    auth_cache_seconds: float = 1.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -135,6 +138,7 @@ class Settings:
             metrics=os.environ.get("ONWARD_METRICS") or "/metrics",
             metrics_port=_env_port("ONWARD_METRICS_PORT"),
             metrics_seconds=_env_float("ONWARD_METRICS_SECONDS", 15.0),
+            auth_cache_seconds=_env_float("ONWARD_AUTH_CACHE_SECONDS", 1.0),
         )
         if os.environ.get("ONWARD_LANES"):
             s = replace(s, lanes=_lanes(os.environ["ONWARD_LANES"]))
@@ -172,6 +176,8 @@ class Settings:
             raise ConfigError("ONWARD_OUTBOUND_MAX_RESPONSE_BYTES and _MAX_SECONDS must be > 0")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"ONWARD_METRICS_PORT={self.metrics_port}: a port, 0 to 65535")
+        if not 0 <= self.auth_cache_seconds <= 60:
+            raise ConfigError("ONWARD_AUTH_CACHE_SECONDS must be between 0 and 60")
         if self.metrics_seconds <= 0:
             raise ConfigError("ONWARD_METRICS_SECONDS must be > 0")
         if self.metrics.strip().lower() not in ("off", "on") and not self.metrics.startswith("/"):

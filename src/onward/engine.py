@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from onward import actions, api_keys, erasure, timers, vault
+from onward import actions, api_keys, cache, erasure, timers, vault
 from onward import approvals as approval_ops  # (also registers the approval kind)
 from onward import audit as audit_ops
 from onward import budgets as budget_ops
@@ -121,6 +121,7 @@ class Engine:
         start_queue: bool = True,
     ) -> AsyncIterator[Engine]:
         settings = settings or Settings.from_env()
+        cache.configure(settings.auth_cache_seconds)
         url = await asyncio.to_thread(resolve_url, settings)
         if migrate:
             await asyncio.to_thread(apply_migrations, url)

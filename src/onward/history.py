@@ -131,7 +131,10 @@ def _short(value: Any, limit: int = 90) -> str:
 
 def _detail_text(event: str, detail: Any) -> str:
     """An effect's row shows its key, its own attempt, the provider's reference and what went
-    wrong; every other row its detail, shortened."""
+    wrong; the row that completed its run says so; every other row its detail, shortened."""
+    if isinstance(detail, dict) and detail.get("run") == "completed":
+        rest = {k: v for k, v in detail.items() if k != "run"}
+        return "run completed" + (f"  {_short(rest)}" if rest else "")
     if not event.startswith("effect_") or not isinstance(detail, dict) or "redacted" in detail:
         return _short(detail)
     parts = [f"{detail.get('provider')} {detail.get('effect_key')}"]
@@ -164,6 +167,8 @@ def render_timeline(view: dict[str, Any]) -> str:
         step = f" {e['step_id']}#{e['seq']}" if e.get("step_id") else ""
         who = f" attempt {e['attempt']}" if e.get("attempt") is not None else ""
         who += f" by {e['worker']}" if e.get("worker") else ""
+        if e.get("claimed_at") and t0:
+            who += f" (claimed +{(e['claimed_at'] - t0).total_seconds():.3f}s)"
         detail = f"  {_detail_text(e['event'], e['detail'])}" if e.get("detail") else ""
         lines.append(f"  +{offset:8.3f}s  {e['event']:<17}{step}{who}{detail}")
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 -- The run history (R17): append-only, written by each transition in its own transaction.
 
 -- name: for_run
--- Every transition of one run, in order.
-SELECT event_id, at, event, seq, step_id, attempt, worker, detail
+-- Every transition of one run, in order. claimed_at: on a row that ends an attempt, when it
+-- was claimed.
+SELECT event_id, at, event, seq, step_id, attempt, worker, claimed_at, detail
 FROM history WHERE org_id = %(org_id)s AND run_id = %(run_id)s
 ORDER BY event_id;
 
@@ -18,8 +19,8 @@ SELECT status FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
 
 -- name: steps_of_run
 -- The step rows of one run.
-SELECT seq, step_id, kind, lane, iteration, status, attempt, owner, lease_until, available_at,
-       wait_kind, output, error, created_at, finished_at
+SELECT seq, step_id, kind, lane, iteration, status, attempt, owner, claimed_at, lease_until,
+       available_at, wait_kind, output, error, created_at, finished_at
 FROM steps WHERE org_id = %(org_id)s AND run_id = %(run_id)s ORDER BY seq;
 
 -- name: list_runs

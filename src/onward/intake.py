@@ -33,7 +33,8 @@ from typing import Any
 
 from standardwebhooks import Webhook
 
-from onward import vault
+from onward import cache, vault
+from onward.cache import Recent
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
 from onward.errors import IntakeLimited, InvalidInput, SignatureRefused
@@ -90,6 +91,25 @@ async def _load_secrets(conn: Conn, org_id: str, automation_id: str) -> list[str
     return [await vault.unseal(conn, org_id, SECRET, row["secret"]) for row in await cur.fetchall()]
 
 
+#: an endpoint's secrets (none, usually), as every request reads them: trusted for
+#: ONWARD_AUTH_CACHE_SECONDS (onward.cache); adding or removing one here forgets at once
+_endpoint_secrets: Recent[tuple[str, str], list[str]] = cache.trusted()
+
+
+async def _secrets_of(pool: Pool, org_id: str, automation_id: str) -> list[str]:
+    known = _endpoint_secrets.get((org_id, automation_id))
+    if known is not None:
+        return known
+    async with pool.connection() as conn:
+        secrets = await _load_secrets(conn, org_id, automation_id)
+    _endpoint_secrets.put((org_id, automation_id), secrets)
+    return secrets
+
+
+def _changed(org_id: str, automation_id: str) -> None:
+    _endpoint_secrets.forget(lambda k, _v: k == (org_id, automation_id))
+
+
 async def rotate_batch(conn: Conn, after: Any, limit: int) -> tuple[int, int, Any]:
     """``onward keys rotate-secrets``: re-encrypt the next ``limit`` webhook secrets after the
     cursor ``after`` (``(org_id, automation_id, secret_id)``) under the current key, in the
@@ -140,6 +160,7 @@ async def add_secret(
     secret_id = "hsec_" + token.token_hex(6)
     async with pool.connection() as conn:
         row = await _store_secret(conn, org_id, automation_id, secret_id, secret)
+    _changed(org_id, automation_id)
     return {"automation_id": automation_id, **row, "secret": secret}
 
 
@@ -159,7 +180,9 @@ async def remove_secret(pool: Pool, org_id: str, automation_id: str, secret_id: 
             Q.remove_secret,
             {"org_id": org_id, "automation_id": automation_id, "secret_id": secret_id},
         )
-        return await cur.fetchone() is not None
+        removed = await cur.fetchone() is not None
+    _changed(org_id, automation_id)
+    return removed
 
 
 # -- checking a request -----------------------------------------------------------------------
@@ -191,8 +214,7 @@ async def verify(
     """The verified ``webhook-id`` of a request to an endpoint that requires a signature, or
     None for an endpoint without secrets (unsigned, as before) unless ``required`` (a caller
     with no API key: nothing but a signature can admit it). SignatureRefused otherwise."""
-    async with pool.connection() as conn:
-        secrets = await _load_secrets(conn, org_id, automation_id)
+    secrets = await _secrets_of(pool, org_id, automation_id)
     if not secrets and required:
         raise SignatureRefused()
     if not secrets:

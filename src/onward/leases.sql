@@ -5,6 +5,8 @@
 -- name: claim
 -- Claim up to %(limit)s ready steps of one lane. SKIP LOCKED: concurrent claimers never wait
 -- on or take the same row. Returns what the worker needs to run each step in one round trip.
+-- No history row: the claim lives on the step row (owner, attempt, claimed_at) until the row
+-- that ends the attempt records it (a settle, or lease_expired / step_released).
 WITH picked AS (
     SELECT org_id, run_id, seq FROM steps
     WHERE status = 'ready' AND lane = %(lane)s AND available_at <= now()
@@ -15,16 +17,13 @@ WITH picked AS (
 claimed AS (
     UPDATE steps s
     SET status = 'running', attempt = s.attempt + 1, owner = %(worker)s,
-        lease_until = now() + make_interval(secs => %(lease)s), updated_at = now()
+        lease_until = now() + make_interval(secs => %(lease)s), claimed_at = now(),
+        updated_at = now()
     FROM picked p
     WHERE s.org_id = p.org_id AND s.run_id = p.run_id AND s.seq = p.seq
     RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.kind, s.lane, s.iteration, s.attempt,
               s.failures, s.wake, s.version AS step_version,
               extract(epoch FROM now() - s.available_at)::float8 AS queue_lag_s
-),
-hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)
-    SELECT org_id, run_id, 'step_claimed', seq, step_id, attempt, %(worker)s FROM claimed
 )
 -- the version of the step's definition: the step row's own when a migration moved it (the
 -- locked row is current; this join reads the run as of the statement's snapshot)
@@ -72,10 +71,10 @@ done AS (
     FROM x
     WHERE s.org_id = x.org_id AND s.run_id = x.run_id AND s.seq = x.seq
       AND s.attempt = x.attempt AND s.status = 'running'
-    RETURNING s.org_id, s.run_id, s.seq, s.step_id
+    RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.claimed_at
 ),
 dx AS (
-    SELECT x.*, d.step_id FROM done d
+    SELECT x.*, d.step_id, d.claimed_at FROM done d
     JOIN x ON x.org_id = d.org_id AND x.run_id = d.run_id AND x.seq = d.seq
 ),
 run AS (
@@ -98,40 +97,38 @@ run AS (
 ),
 next AS (
     INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status, attempt,
-                       owner, lease_until)
+                       owner, lease_until, claimed_at)
     SELECT dx.org_id, dx.run_id, dx.seq + 1, dx.next_step_id, dx.next_kind, dx.next_lane,
            dx.next_iteration,
            CASE WHEN dx.eager THEN 'running' ELSE 'ready' END,
            CASE WHEN dx.eager THEN 1 ELSE 0 END,
            CASE WHEN dx.eager THEN %(worker)s END,
-           CASE WHEN dx.eager THEN now() + make_interval(secs => dx.lease) END
+           CASE WHEN dx.eager THEN now() + make_interval(secs => dx.lease) END,
+           CASE WHEN dx.eager THEN now() END
     FROM dx
     WHERE dx.next_step_id IS NOT NULL
     RETURNING org_id, run_id, seq, step_id, lane, attempt, available_at, status
 ),
 settled AS (
-    -- the settled step's history, then (eager) the successor's claim or the run's end; a
-    -- successor that is ready is announced below, after these rows (it reads them first)
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
-    SELECT dx.org_id, dx.run_id, e.event, e.seq, e.step_id, e.attempt, %(worker)s, e.detail
-    FROM dx CROSS JOIN LATERAL (VALUES
-        (1, 'step_' || dx.done_status, dx.seq, dx.step_id, dx.attempt, dx.detail),
-        (2, CASE WHEN dx.next_step_id IS NULL THEN 'run_completed'
-                 WHEN dx.eager THEN 'step_claimed' END,
-         CASE WHEN dx.eager THEN dx.seq + 1 END,
-         CASE WHEN dx.eager THEN dx.next_step_id END,
-         CASE WHEN dx.eager THEN 1 END,
-         CASE WHEN dx.eager THEN jsonb_build_object('lane', dx.next_lane,
-                                                    'iteration', dx.next_iteration) END)
-    ) AS e(ord, event, seq, step_id, attempt, detail)
-    WHERE e.event IS NOT NULL
-    ORDER BY dx.run_id, e.ord
+    -- one row per settled step: its attempt, worker and claim; the run's completion rides on
+    -- its last step's row. An eager successor's claim is on its step row; a successor that is
+    -- ready is announced below, after this row (it reads it first)
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+                         detail)
+    SELECT dx.org_id, dx.run_id, 'step_' || dx.done_status, dx.seq, dx.step_id, dx.attempt,
+           %(worker)s, dx.claimed_at,
+           CASE WHEN dx.next_step_id IS NULL
+                THEN coalesce(dx.detail, '{}'::jsonb) || '{"run": "completed"}'::jsonb
+                ELSE dx.detail END
+    FROM dx
+    ORDER BY dx.run_id
     RETURNING org_id, run_id
 ),
 ready AS (
     SELECT n.org_id, n.run_id, n.seq, n.step_id, n.lane, n.attempt, n.available_at AS deliver_at,
            'step_ready' AS event, %(worker)s::text AS worker,
-           jsonb_build_object('lane', n.lane, 'iteration', dx.next_iteration) AS detail
+           jsonb_build_object('lane', n.lane, 'iteration', dx.next_iteration) AS detail,
+           NULL::timestamptz AS claimed_at
     FROM next n
     JOIN dx ON dx.org_id = n.org_id AND dx.run_id = n.run_id
     WHERE n.status = 'ready'
@@ -153,7 +150,7 @@ WITH w AS (
         owner = NULL, lease_until = NULL, wake = NULL, updated_at = now()
     WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
       AND attempt = %(attempt)s AND status = 'running'
-    RETURNING org_id, run_id, seq, step_id, lane
+    RETURNING org_id, run_id, seq, step_id, lane, claimed_at
 ),
 t AS (
     INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at)
@@ -171,8 +168,10 @@ timer_due AS (
 ),
 {{announce_timer}},
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+                         detail)
     SELECT w.org_id, w.run_id, 'step_waiting', w.seq, w.step_id, %(attempt)s, %(worker)s,
+           w.claimed_at,
            jsonb_build_object('on', %(wait_kind)s::text, 'timer_id', t.timer_id,
                               'due_at', t.due_at, 'intent', %(intent)s::jsonb)
     FROM w JOIN t ON true
@@ -223,7 +222,7 @@ WITH s AS (
         finished_at = CASE WHEN %(step_status)s IN ('failed', 'cancelled', 'skipped') THEN now() END
     WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
       AND attempt = %(attempt)s AND status = 'running'
-    RETURNING org_id, run_id, seq, step_id
+    RETURNING org_id, run_id, seq, step_id, claimed_at
 ),
 run AS (
     UPDATE runs r
@@ -233,13 +232,15 @@ run AS (
     FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
-    SELECT org_id, run_id, e.event, e.seq, e.step_id, %(attempt)s, %(worker)s, e.detail
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+                         detail)
+    SELECT org_id, run_id, e.event, e.seq, e.step_id, %(attempt)s, %(worker)s, e.claimed_at,
+           e.detail
     FROM s CROSS JOIN LATERAL (VALUES
-        ('step_' || %(step_status)s::text, s.seq, s.step_id, %(error)s::jsonb),
-        ('run_' || %(run_status)s::text, NULL::int, NULL::text,
+        ('step_' || %(step_status)s::text, s.seq, s.step_id, s.claimed_at, %(error)s::jsonb),
+        ('run_' || %(run_status)s::text, NULL::int, NULL::text, NULL::timestamptz,
          jsonb_build_object('reason', %(reason)s::text))
-    ) AS e(event, seq, step_id, detail)
+    ) AS e(event, seq, step_id, claimed_at, detail)
 )
 SELECT count(*) AS settled FROM s;
 
@@ -258,7 +259,7 @@ WITH s AS (
       AND st.attempt = %(attempt)s AND st.status = 'running'
       AND r.org_id = st.org_id AND r.run_id = st.run_id
       AND r.cancel_requested_at IS NOT NULL AND r.finished_at IS NULL
-    RETURNING st.org_id, st.run_id, st.seq, st.step_id
+    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.claimed_at
 ),
 run AS (
     UPDATE runs r
@@ -267,14 +268,16 @@ run AS (
     FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
-    SELECT org_id, run_id, e.event, e.seq, e.step_id, %(attempt)s, %(worker)s, e.detail
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+                         detail)
+    SELECT org_id, run_id, e.event, e.seq, e.step_id, %(attempt)s, %(worker)s, e.claimed_at,
+           e.detail
     FROM s CROSS JOIN LATERAL (VALUES
-        ('step_cancelled', s.seq, s.step_id,
+        ('step_cancelled', s.seq, s.step_id, s.claimed_at,
          jsonb_build_object('instead_of', %(instead_of)s::text)),
-        ('run_cancelled', NULL::int, NULL::text,
+        ('run_cancelled', NULL::int, NULL::text, NULL::timestamptz,
          jsonb_build_object('reason', 'cancelled on request', 'at', 'settle'))
-    ) AS e(event, seq, step_id, detail)
+    ) AS e(event, seq, step_id, claimed_at, detail)
 )
 SELECT count(*) AS cancelled FROM s;
 
@@ -293,11 +296,13 @@ SELECT run_id, seq FROM ready;
 
 -- name: rescue_expired
 -- Steps whose lease ran out (their worker died or stalled) become ready again, with a wake.
--- Run by the elected sweeper, bounded per call. The stale worker's attempt stays fenced.
+-- Run by the elected sweeper, bounded per call. The stale worker's attempt stays fenced; the
+-- row names it, its worker (detail.owner; `worker` is the sweeper) and when it was claimed.
 WITH to_ready AS (
     SELECT org_id, run_id, seq, 'running' AS from_status, attempt, now() AS available_at,
            NULL::jsonb AS wake, NULL::jsonb AS error, 'lease_expired' AS event,
-           %(worker)s::text AS worker, jsonb_build_object('lease_until', lease_until) AS detail
+           %(worker)s::text AS worker,
+           jsonb_build_object('lease_until', lease_until, 'owner', owner) AS detail
     FROM steps
     WHERE status = 'running' AND lease_until < now()
     ORDER BY lease_until

@@ -164,7 +164,8 @@ WITH step AS (
 ),
 ready AS (
     SELECT org_id, run_id, seq, step_id, lane, attempt, available_at AS deliver_at,
-           'step_ready' AS event, %(worker)s::text AS worker, %(detail)s::jsonb AS detail
+           'step_ready' AS event, %(worker)s::text AS worker, %(detail)s::jsonb AS detail,
+           NULL::timestamptz AS claimed_at
     FROM step
 ),
 {{announce_ready}}

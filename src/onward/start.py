@@ -63,8 +63,9 @@ async def start_run(
     versions: VersionCache | None = None,
     traceparent: str | None = None,
 ) -> Started:
-    """Start a run of the latest (or given) version: one statement, one commit for a new run;
-    a duplicate costs one more read. ``registry`` and ``versions`` are accepted for callers
+    """Start a run of the latest (or given) version: one statement, one commit, for a new run
+    and for a duplicate whose run committed before (one more statement for a duplicate that
+    raced its original). ``registry`` and ``versions`` are accepted for callers
     that pass them; the version's first step was resolved when it was published.
     ``traceparent``: the W3C trace context of the request that asked for the run, kept so its
     steps continue that trace (``onward.tracing``; an invalid one is ignored)."""
@@ -109,11 +110,14 @@ async def start_run(
             async with conn.transaction():
                 await erasure.check_start(conn, org_id, contact_id)
                 row = await (await conn.execute(Q.start_run, args)).fetchone()
-        if row is not None:
+        if row is not None and row["created"]:
             crash_point("start.after_commit")
             metrics.run_started(True)
             return Started(row["run_id"], True, start_key)
-        # Conflict (another delivery started it: a fresh statement sees its committed row), or
+        if row is not None:  # a duplicate, recorded by the same statement
+            metrics.run_started(False)
+            return Started(row["run_id"], False, start_key)
+        # Conflict with a run committed while the statement ran (a fresh statement sees it), or
         # no such automation or version.
         cur = await conn.execute(Q.find_duplicate, {"org_id": org_id, "start_key": start_key})
         dup = await cur.fetchone()

@@ -1,8 +1,11 @@
 -- name: start_run
 -- Idempotent start (R1) and the write side of the outbox (R2), in one statement: the version
 -- (latest, or the one asked for), the run, its first step, the outbox row that wakes a worker
--- and the first history rows commit together or not at all. No row returned: a duplicate start
--- key (ON CONFLICT DO NOTHING) or no such automation/version -- find_duplicate tells which.
+-- and the first history rows commit together or not at all. A duplicate start key (ON CONFLICT
+-- DO NOTHING) whose run this statement can see -- committed before it began, the usual case --
+-- answers that run (created false) and records the acknowledged duplicate, in the same
+-- statement: one commit. No row returned: a run a concurrent delivery committed while this
+-- statement ran, or no such automation/version -- find_duplicate tells which.
 WITH v AS (
     SELECT av.version, av.start_step_id, av.start_kind, av.start_lane, av.max_steps,
            av.max_age_s
@@ -46,11 +49,23 @@ ready AS (
     -- joined with `started` so the run's first history row is written before its step's
     SELECT step.org_id, step.run_id, step.seq, step.step_id, step.lane, step.attempt,
            step.available_at AS deliver_at, 'step_ready' AS event, NULL::text AS worker,
-           jsonb_build_object('lane', step.lane) AS detail
+           jsonb_build_object('lane', step.lane) AS detail, NULL::timestamptz AS claimed_at
     FROM step JOIN started ON started.org_id = step.org_id AND started.run_id = step.run_id
 ),
-{{announce_ready}}
-SELECT run_id, version FROM run;
+{{announce_ready}},
+earlier AS (
+    SELECT r.org_id, r.run_id FROM runs r
+    WHERE r.org_id = %(org_id)s AND r.start_key = %(start_key)s
+      AND NOT EXISTS (SELECT 1 FROM run)
+),
+duplicate AS (
+    INSERT INTO history (org_id, run_id, event, detail)
+    SELECT org_id, run_id, 'start_duplicate', jsonb_build_object('start_key', %(start_key)s::text)
+    FROM earlier
+)
+SELECT run_id, version, true AS created FROM run
+UNION ALL
+SELECT run_id, NULL, false FROM earlier;
 
 -- name: find_duplicate
 -- The run an earlier delivery started; records that a duplicate delivery was acknowledged.
@@ -131,7 +146,8 @@ ready AS (
     -- after `started`, so the fork's first history rows come before its step's
     SELECT step.org_id, step.run_id, step.seq, step.step_id, step.lane, step.attempt,
            step.available_at AS deliver_at, 'step_ready' AS event, NULL::text AS worker,
-           jsonb_build_object('lane', step.lane, 'iteration', %(iteration)s::int) AS detail
+           jsonb_build_object('lane', step.lane, 'iteration', %(iteration)s::int) AS detail,
+           NULL::timestamptz AS claimed_at
     FROM step WHERE EXISTS (SELECT 1 FROM started)
 ),
 {{announce_ready}}

@@ -28,7 +28,15 @@ import pytest
 from onward import Automation
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import effect_row, eventually, history, run_row, step_row, steps
+from onward.testing import (
+    attempts,
+    effect_row,
+    eventually,
+    history,
+    run_row,
+    step_row,
+    steps,
+)
 from tests.acceptance.conftest import Spawn
 
 pytestmark = pytest.mark.acceptance
@@ -131,7 +139,7 @@ async def test_a_cancel_during_an_effect_with_the_worker_killed_at_each_crash_po
     assert [(s["step_id"], s["status"]) for s in steps(sql, run_id)] == [("send", "cancelled")]
     send = step_row(sql, run_id, 1)
     assert send["attempt"] == 2
-    claims = [(e["attempt"], e["worker"]) for e in history(sql, run_id, "step_claimed")]
+    claims = [(e["attempt"], e["worker"]) for e in attempts(sql, run_id)]
     assert claims == [(1, "proc-a"), (2, "proc-b")]
     (ended,) = history(sql, run_id, "step_cancelled")
     assert ended["worker"] == "proc-b"

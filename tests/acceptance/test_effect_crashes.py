@@ -33,7 +33,15 @@ import pytest
 from onward import Automation
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import Process, effect_row, eventually, history, run_row, step_row
+from onward.testing import (
+    Process,
+    effect_row,
+    eventually,
+    history,
+    run_row,
+    step_row,
+)
+from onward.testing import attempts as step_attempts  # `attempts` names a parameter here
 from tests.acceptance.conftest import Spawn
 
 pytestmark = pytest.mark.acceptance
@@ -191,9 +199,7 @@ async def test_email_is_sent_exactly_once_whatever_line_the_worker_dies_on(
     send = step_row(sql, run_id, 1)
     assert (send["status"], send["attempt"]) == ("done", 2), send
     assert send["output"]["message_id"] == entry["response_id"]
-    claims = [
-        (e["attempt"], e["worker"]) for e in history(sql, run_id, "step_claimed") if e["seq"] == 1
-    ]
+    claims = [(e["attempt"], e["worker"]) for e in step_attempts(sql, run_id, seq=1)]
     assert claims == [(1, "proc-a"), (2, "proc-b")]
     assert len(history(sql, run_id, "lease_expired")) == 1
     assert [e["worker"] for e in history(sql, run_id, "step_done") if e["seq"] == 1] == ["proc-b"]

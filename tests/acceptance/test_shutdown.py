@@ -22,7 +22,7 @@ import pytest
 
 from onward import Automation
 from onward.engine import Engine
-from onward.testing import Process, eventually, history, step_row
+from onward.testing import Process, attempts, eventually, history, step_row
 from onward.testing.kinds import SLEEP_KIND
 from tests.acceptance.conftest import Spawn
 
@@ -35,7 +35,7 @@ HEARTBEAT = 0.5
 async def claimed_by(sql: psycopg.Connection, run_id: str, worker: str, wp: Process) -> Any:
     async def check() -> Any:
         assert wp.alive(), f"worker process exited early:\n{wp.log_text()}"
-        rows = [e for e in history(sql, run_id, "step_claimed") if e["worker"] == worker]
+        rows = [e for e in attempts(sql, run_id) if e["worker"] == worker]
         return rows[0] if rows else None
 
     return await eventually(check, timeout=20, what=f"step claimed by {worker}")
@@ -78,7 +78,7 @@ async def test_sigterm_releases_a_long_step_and_another_worker_claims_it_at_once
     took = await exits(wp, timeout=grace + 5)
     assert wp.returncode == 0, wp.log_text()
     assert took < grace + 3, f"shutdown took {took:.1f}s with a grace of {grace}s"
-    assert history(sql, quick.run_id, "step_claimed") == []
+    assert attempts(sql, quick.run_id) == []
 
     # the step was handed back at once: ready, lease ended now, nobody owns it, nothing written
     (released,) = history(sql, run_id, "step_released")
@@ -93,16 +93,16 @@ async def test_sigterm_releases_a_long_step_and_another_worker_claims_it_at_once
     async with engine.running(sweeper=False):
 
         async def second_claim() -> Any:
-            rows = [e for e in history(sql, run_id, "step_claimed") if e["attempt"] == 2]
+            rows = [e for e in attempts(sql, run_id) if e["attempt"] == 2]
             return rows[0] if rows else None
 
         claim2 = await eventually(second_claim, timeout=10, what="claim of attempt 2")
         assert claim2["worker"] == engine.id
         assert await engine.wait(run_id, timeout=20) == "completed"
         assert await engine.wait(quick.run_id, timeout=20) == "completed"
-    assert [e["worker"] for e in history(sql, quick.run_id, "step_claimed")] == [engine.id]
+    assert [e["worker"] for e in attempts(sql, quick.run_id)] == [engine.id]
 
-    waited = (claim2["at"] - released["at"]).total_seconds()
+    waited = (claim2["claimed_at"] - released["at"]).total_seconds()
     # the old lease ran at least LEASE - HEARTBEAT beyond the release: claiming within that
     # proves nobody waited it out
     assert waited < LEASE - HEARTBEAT - 0.5, f"attempt 2 claimed {waited:.2f}s after the release"
@@ -135,11 +135,11 @@ async def test_sigterm_lets_a_short_step_finish_within_the_grace_period(
     # a stopping worker does not continue eagerly: the next step waits, unclaimed, for others
     after = step_row(sql, run_id, 2)
     assert (after["status"], after["attempt"], after["owner"]) == ("ready", 0, None), after
-    assert history(sql, run_id, "step_claimed", seq=2) == []
+    assert attempts(sql, run_id, seq=2) == []
 
     async with engine.running(sweeper=False):
         assert await engine.wait(run_id, timeout=20) == "completed"
-    claims = history(sql, run_id, "step_claimed", seq=2)
+    claims = attempts(sql, run_id, seq=2)
     assert [(e["attempt"], e["worker"]) for e in claims] == [(1, engine.id)]
 
 
@@ -168,18 +168,21 @@ async def test_sigkill_mid_step_is_reclaimed_only_after_the_lease_lapses(
         assert await engine.wait(run_id, timeout=20) == "completed"
 
     (expired,) = history(sql, run_id, "lease_expired")
-    claims = history(sql, run_id, "step_claimed")
-    assert [(c["attempt"], c["worker"]) for c in claims] == [(1, "proc-c"), (2, engine.id)]
+    claims = attempts(sql, run_id)
+    assert [(c["attempt"], c["worker"], c["ended"]) for c in claims] == [
+        (1, "proc-c", "lease_expired"),
+        (2, engine.id, "step_done"),
+    ]
     claim2 = claims[1]
     lease_until = step_lease_until(expired)
-    assert lease_until > claim1["at"]
+    assert lease_until > claim1["claimed_at"]
     assert expired["at"] >= lease_until, "rescued before the lease lapsed"
-    assert claim2["at"] >= lease_until, "claimed again before the lease lapsed"
-    assert claim2["event_id"] > expired["event_id"]
+    assert claim2["claimed_at"] >= lease_until, "claimed again before the lease lapsed"
+    assert claim2["claimed_at"] > expired["at"]
     assert history(sql, run_id, "step_released") == []
     done = history(sql, run_id, "step_done", seq=1)
     assert [(d["attempt"], d["worker"]) for d in done] == [(2, engine.id)]
-    assert len(history(sql, run_id, "run_completed")) == 1
+    assert done[0]["detail"] == {"run": "completed"}
 
 
 def step_lease_until(expired: dict[str, Any]) -> datetime:

@@ -171,7 +171,9 @@ async def test_the_console_in_a_browser(
         timeline = await page.locator("table.timeline tbody tr td:nth-child(4)").all_inner_texts()
         for event in ("run_started", "timer_moved", "approval_requested", "approval_decided"):
             assert event in timeline, timeline
-        assert "signal_consumed" in timeline and timeline[-1] == "run_completed"
+        assert "signal_consumed" in timeline and timeline[-1] == "step_done"
+        last = page.locator("table.timeline tbody tr").last
+        assert '"run": "completed"' in (await last.locator("td.detail code").inner_text())
         effects = page.locator("section[aria-labelledby=eff-h] tbody tr")
         effect_rows = await effects.all_inner_texts()
         send = [r for r in effect_rows if f"{maya}/send/" in r]

@@ -45,6 +45,7 @@ from onward.testing import (
     Process,
     Processes,
     assert_nothing_applied_twice,
+    attempts,
     eventually,
     history,
     run_effects,
@@ -223,7 +224,7 @@ async def test_a_worker_paused_past_its_lease_is_fenced_when_it_wakes(
 
     def claimed_by_a() -> bool:
         assert a.alive(), a.log_text()
-        claims = history(sql, run_id, "step_claimed", seq=1)
+        claims = attempts(sql, run_id, seq=1)
         return bool(claims) and claims[0]["worker"] == "proc-a"
 
     await eventually(lambda: asyncio.sleep(0, claimed_by_a()), interval=0.02, what="A claims")
@@ -252,13 +253,13 @@ async def test_a_worker_paused_past_its_lease_is_fenced_when_it_wakes(
         await eventually(a_noticed, timeout=LEASE * 2, what="A noticing the lost lease")
     assert await stop(a) == 0, a.log_text()
     assert stats_of(a)["lost"] >= 1  # its settle was refused: the fence held
-    # nothing of A's after its claim: one claim per attempt, one step_done, by B
-    rows = history(sql, run_id, "step_claimed", "step_done", "step_retry", "step_failed", seq=1)
-    assert [(r["event"], r["attempt"], r["worker"]) for r in rows] == [
-        ("step_claimed", 1, "proc-a"),
-        ("step_claimed", 2, "proc-b"),
+    # nothing of A's after its claim: its attempt ended by the sweeper, one step_done, by B
+    rows = attempts(sql, run_id, seq=1)
+    assert [(r["ended"], r["attempt"], r["worker"]) for r in rows] == [
+        ("lease_expired", 1, "proc-a"),
         ("step_done", 2, "proc-b"),
     ]
+    assert history(sql, run_id, "step_retry", "step_failed", seq=1) == []
     step = step_row(sql, run_id, 1)
     assert (step["status"], step["attempt"]) == ("done", 2)
     creates = [e for e in admin.ledger("crm") if e["op"] == "contact.create"]
@@ -397,7 +398,7 @@ async def test_a_provider_hanging_past_the_lease_is_never_called_twice(
     # past two whole leases into the hang: still one claim each, no lease lapsed
     while time.monotonic() < work_at + 2 * LEASE:
         for run_id in (mail_run, pay_run):
-            assert len(history(sql, run_id, "step_claimed", seq=1)) == 1
+            assert len(attempts(sql, run_id, seq=1)) == 1
             assert history(sql, run_id, "lease_expired") == []
         await asyncio.sleep(0.2)
     assert await engine.wait(mail_run, timeout=30) == "completed"

@@ -261,7 +261,9 @@ async def test_start_list_and_show_runs(client: httpx.AsyncClient, engine: Engin
     assert view["run"]["ctx"]["vars"] == {"greeting": "hi Maya"}
     assert [s["step_id"] for s in view["steps"]] == ["hello"]
     events = [e["event"] for e in view["history"]]
-    assert events[0] == "run_started" and events[-1] == "run_completed"
+    assert events[0] == "run_started" and events[-1] == "step_done"
+    assert view["history"][-1]["detail"] == {"run": "completed"}
+    assert view["history"][-1]["claimed_at"] is not None
     assert "start_duplicate" in events
 
 

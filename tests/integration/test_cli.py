@@ -187,7 +187,7 @@ def test_demo_finishes_with_a_completed_run_and_the_duplicate_in_its_timeline(db
     assert re.search(r"Maya replies .* -> \[202, 200\]", out), out
     assert "signal_consumed" in out
     assert "result: replied: Yes, Thursday works for me." in out
-    assert "run_completed" in out
+    assert "run completed" in out
 
 
 def serve(

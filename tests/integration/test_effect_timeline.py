@@ -131,17 +131,21 @@ async def test_not_done_then_unknown_then_reconciled_each_leave_a_row(
     send = [e["event"] for e in history(sql, run_id, seq=1)]
     assert send == [
         "step_ready",
-        "step_claimed",
         "effect_claimed",
         "effect_not_done",
         "step_retry",
-        "step_claimed",
         "effect_claimed",
         "effect_unknown",
         "step_retry",
-        "step_claimed",
         "effect_reconciled",
         "step_done",
+    ]
+    # each attempt's end row says when it was claimed, before its effect rows
+    ends = [e for e in history(sql, run_id, seq=1) if e["claimed_at"] is not None]
+    assert [(e["event"], e["attempt"]) for e in ends] == [
+        ("step_retry", 1),
+        ("step_retry", 2),
+        ("step_done", 3),
     ]
     text = render_timeline(await engine.show(run_id))
     assert "effect_unknown" in text and "OutcomeUnknown" in text

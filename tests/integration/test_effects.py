@@ -33,7 +33,15 @@ from onward.engine import Engine
 from onward.errors import NeedsReview, OutcomeUnknown
 from onward.kinds import StepContext
 from onward.sandbox import SandboxAdmin, SandboxServer
-from onward.testing import effect_row, eventually, history, run_effects, run_row, steps
+from onward.testing import (
+    attempts,
+    effect_row,
+    eventually,
+    history,
+    run_effects,
+    run_row,
+    steps,
+)
 
 ORG = "test"  # the `settings` fixture's organisation
 MAYA = "maya@example.test"
@@ -454,9 +462,9 @@ async def test_a_429_waits_as_long_as_retry_after_says(
     (retry,) = history(sql, run_id, "step_retry")
     assert retry["detail"]["delay_s"] == pytest.approx(1.0)  # Retry-After wins over the jitter
     assert retry["detail"]["error"]["type"] == "RateLimited"
-    claims = [e for e in history(sql, run_id, "step_claimed") if e["step_id"] == "send"]
+    claims = [e for e in attempts(sql, run_id) if e["step_id"] == "send"]
     assert [c["attempt"] for c in claims] == [1, 2]
-    waited = (claims[1]["at"] - retry["at"]).total_seconds()
+    waited = (claims[1]["claimed_at"] - retry["at"]).total_seconds()
     assert waited >= 0.95, f"attempt 2 claimed {waited:.2f}s after the 429"
     assert [row["attempt"] for row in steps(sql, run_id, "send")] == [2]
 

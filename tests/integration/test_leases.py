@@ -29,7 +29,7 @@ from onward.config import Settings
 from onward.engine import Engine
 from onward.leases import NextStep, Token
 from onward.sweep import Sweeper
-from onward.testing import Processes, eventually, history, run_row, step_row, steps
+from onward.testing import Processes, attempts, eventually, history, run_row, step_row, steps
 from onward.testing.kinds import SLEEP_KIND  # registers test.sleep, which the process runs too
 
 
@@ -92,12 +92,12 @@ async def test_a_step_three_times_slower_than_its_lease_keeps_it_by_heartbeat(
         started = await engine.start("slow", {}, event_id="slow-1")
         async with engine.running():  # with the sweeper, which would rescue a lapsed lease
             assert await engine.wait(started.run_id, timeout=20) == "completed"
-    claims = history(sql, started.run_id, "step_claimed")
-    assert [(c["seq"], c["attempt"]) for c in claims] == [(1, 1)]
+    claims = attempts(sql, started.run_id)
+    assert [(c["seq"], c["attempt"], c["ended"]) for c in claims] == [(1, 1, "step_done")]
     assert history(sql, started.run_id, "lease_expired") == []
     (done,) = history(sql, started.run_id, "step_done")
     assert done["attempt"] == 1
-    assert (done["at"] - claims[0]["at"]).total_seconds() >= 3.0  # it did outlive 3 leases
+    assert (done["at"] - done["claimed_at"]).total_seconds() >= 3.0  # it outlived 3 leases
     step = step_row(sql, started.run_id, 1)
     assert (step["attempt"], step["output"]) == (1, {"attempt": 1})
 
@@ -237,8 +237,10 @@ async def test_a_released_step_fences_its_old_token_too(
         )
         (again,) = await leases.claim(conn, "fast", 1, "worker-b", 30.0)
     assert again["attempt"] == 2
-    events = [h["event"] for h in history(sql, started.run_id)]
-    assert events[-3:] == ["step_claimed", "step_released", "step_claimed"]
+    assert [(a["attempt"], a["ended"]) for a in attempts(sql, started.run_id)] == [
+        (1, "step_released"),
+        (2, None),  # running, claimed by worker-b
+    ]
 
 
 # -- (c) a lease stolen mid-step inside a real Worker -------------------------------------------
@@ -302,7 +304,7 @@ async def test_lease_times_come_from_the_database_not_the_worker_clock(
     async with engine.running(sweeper=False):
 
         async def claimed() -> bool:
-            return bool(history(sql, started.run_id, "step_claimed"))
+            return bool(attempts(sql, started.run_id))
 
         await eventually(claimed, what="claim")
         for _ in range(3):  # right after the claim and after heartbeats
@@ -311,7 +313,7 @@ async def test_lease_times_come_from_the_database_not_the_worker_clock(
             await asyncio.sleep(beat)
         GATES.setdefault(started.run_id, asyncio.Event()).set()
         assert await engine.wait(started.run_id, timeout=10) == "completed"
-    assert [c["attempt"] for c in history(sql, started.run_id, "step_claimed")] == [1]
+    assert [c["attempt"] for c in attempts(sql, started.run_id)] == [1]
 
 
 async def test_a_worker_with_a_clock_ten_minutes_fast_neither_steals_nor_shortens_leases(
@@ -337,7 +339,7 @@ async def test_a_worker_with_a_clock_ten_minutes_fast_neither_steals_nor_shorten
 
     async def probe_running() -> bool:
         assert wp.alive(), wp.log_text()
-        return bool(history(sql, probe.run_id, "step_claimed"))
+        return bool(attempts(sql, probe.run_id))
 
     await eventually(probe_running, timeout=20, what="the skewed worker claiming")
     # its own lease is as long as configured, by the database clock
@@ -372,7 +374,7 @@ async def test_a_worker_with_a_clock_ten_minutes_fast_neither_steals_nor_shorten
     # worker A's live lease was neither rescued, nor claimed, nor shortened
     assert snapshot(sql, held.run_id) == held_before
     assert history(sql, held.run_id, "lease_expired") == []
-    claims = history(sql, held.run_id, "step_claimed")
+    claims = attempts(sql, held.run_id)
     assert [(c["attempt"], c["worker"]) for c in claims] == [(1, "worker-a")]
 
 
@@ -399,11 +401,18 @@ async def test_concurrent_claims_never_take_the_same_step(
     assert len(set(everything)) == n_runs, "a step was claimed twice"
     assert {a for _, _, a in everything} == {1}
     assert sum(1 for r in results if r) >= 2, "the claimers did not actually compete"
-    rows = sql.execute(
-        "SELECT run_id, seq, attempt, count(*) AS n FROM history WHERE event = 'step_claimed'"
-        " GROUP BY run_id, seq, attempt"
-    ).fetchall()
-    assert len(rows) == n_runs and all(r["n"] == 1 for r in rows)
+    # each claim is on its step row, once: attempt 1, owned by the claimer that returned it
+    owners = {
+        (r["run_id"], r["seq"], r["attempt"]): r["owner"]
+        for r in sql.execute(
+            "SELECT run_id, seq, attempt, owner FROM steps WHERE status = 'running'"
+        ).fetchall()
+    }
+    assert {k: v for k, v in owners.items() if k in set(everything)} == {
+        (run_id, seq, attempt): f"claimer-{i}"
+        for i, got in enumerate(results)
+        for run_id, seq, attempt in got
+    }
 
 
 async def test_two_workers_on_one_lane_never_claim_the_same_step(
@@ -435,7 +444,7 @@ async def test_two_workers_on_one_lane_never_claim_the_same_step(
             await eventually(all_done, timeout=30, what="every run completed")
 
     claims = sql.execute(
-        "SELECT run_id, seq, attempt, worker FROM history WHERE event = 'step_claimed'"
+        "SELECT run_id, seq, attempt, worker FROM history WHERE claimed_at IS NOT NULL"
     ).fetchall()
     per_attempt = Counter((c["run_id"], c["seq"], c["attempt"]) for c in claims)
     assert len(per_attempt) == 2 * n_runs

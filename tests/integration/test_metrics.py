@@ -154,7 +154,7 @@ def test_counters_add_up_and_gauges_match_doctor(
     transitions = sum(total(s, "onward_steps_total") for s in scrapes)
     assert sum(total(s, "onward_step_duration_seconds_count") for s in scrapes) == transitions
     claims = sql.execute(
-        "SELECT count(*) AS n FROM history WHERE event = 'step_claimed' AND worker IS NOT NULL"
+        "SELECT count(*) AS n FROM history WHERE claimed_at IS NOT NULL AND worker IS NOT NULL"
     ).fetchone()
     assert claims is not None
     queued = sum(total(s, "onward_queue_lag_seconds_count") for s in scrapes)

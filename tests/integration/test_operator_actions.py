@@ -144,13 +144,12 @@ async def test_skip_ends_the_step_skipped_and_the_run_goes_on_without_a_call(
     effect = effect_row(sql, key)
     assert effect is not None and effect["status"] == "skipped"
     tail = events(sql, run_id)
-    assert tail[tail.index("review_resolved") :][:4] == [
+    assert tail[tail.index("review_resolved") :] == [
         "review_resolved",
-        "step_claimed",
         "step_skipped",
-        "step_claimed",  # `after`, eagerly
+        "step_done",  # `after`, claimed eagerly, with the run's completion
     ]
-    assert tail[-1] == "run_completed"
+    assert history(sql, run_id)[-1]["detail"] == {"run": "completed"}
 
 
 async def test_a_resolution_that_does_not_apply_is_refused_and_changes_nothing(

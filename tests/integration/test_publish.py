@@ -135,7 +135,8 @@ async def test_a_run_finishes_on_the_version_it_started_on(
     (started,) = history(sql, old.run_id, "run_started")
     assert started["detail"]["version"] == 1
     # v2 really was published while the old run was still unfinished
-    (completed,) = history(sql, old.run_id, "run_completed")
+    (completed,) = [e for e in history(sql, old.run_id, "step_done") if e["detail"]]
+    assert completed["detail"] == {"run": "completed"}
     (v2_row,) = sql.execute(
         "SELECT published_at FROM automation_versions WHERE version = 2"
     ).fetchall()

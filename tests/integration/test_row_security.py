@@ -189,7 +189,7 @@ async def test_no_update_delete_or_insert_crosses_organisations_as_the_api_role(
     await asyncio.to_thread(_changes_cross_no_organisation, as_api)
 
 
-async def test_the_api_pool_lends_one_organisation_and_forgets_it_on_return(
+async def test_the_api_pool_lends_only_with_an_organisation_and_each_loan_sees_its_own(
     engine: Engine,
 ) -> None:
     await two_organisations(engine)
@@ -200,11 +200,17 @@ async def test_the_api_pool_lends_one_organisation_and_forgets_it_on_return(
         runs = await (await conn.execute("SELECT DISTINCT org_id FROM runs")).fetchall()
     assert who is not None and who["u"] == API_ROLE
     assert [r["org_id"] for r in runs] == ["acme"]  # a query that forgot its org_id
-    # the same physical connections, lent again without an organisation: nothing
+    # its connections keep their last organisation between loans: none is lent without one
+    with pytest.raises(RuntimeError, match="only with an organisation"):
+        async with engine.api_pool.connection():
+            pass
+    # the same physical connections, lent in turn to each organisation: each sees its own
+    globex = org_pool(engine.api_pool, "globex")
     for _ in range(3):
-        async with engine.api_pool.connection() as conn:
-            left = await (await conn.execute("SELECT count(*) AS n FROM runs")).fetchone()
-            assert left is not None and left["n"] == 0
+        for pool, org in ((globex, "globex"), (acme, "acme"), (acme, "acme")):
+            async with pool.connection() as conn:
+                seen = await (await conn.execute("SELECT DISTINCT org_id FROM runs")).fetchall()
+            assert [r["org_id"] for r in seen] == [org]
     async with engine.pool.connection() as conn:  # the engine's role: every organisation
         every = await (await conn.execute("SELECT DISTINCT org_id FROM runs ORDER BY 1")).fetchall()
     assert [r["org_id"] for r in every] == ["acme", "globex"]

@@ -84,7 +84,6 @@ async def test_history_of_a_start_and_an_advance_is_in_order(
     assert events == [
         ("run_started", None),
         ("step_ready", "a"),
-        ("step_claimed", "a"),
         ("step_done", "a"),
         ("step_ready", "b"),
     ]

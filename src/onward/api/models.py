@@ -130,6 +130,7 @@ class StepRow(BaseModel):
     status: str
     attempt: int
     owner: str | None = None
+    claimed_at: datetime | None = None  # when its current (or last) attempt was claimed
     lease_until: datetime | None = None
     available_at: datetime | None = None
     wait_kind: str | None = None
@@ -147,6 +148,7 @@ class HistoryEvent(BaseModel):
     step_id: str | None = None
     attempt: int | None = None
     worker: str | None = None
+    claimed_at: datetime | None = None  # on a row that ends an attempt: when it was claimed
     detail: Any = None
 
 

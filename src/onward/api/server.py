@@ -61,9 +61,11 @@ class ApiServer:
         access_log: bool = True,
         own_logging: bool = False,
         graceful_seconds: float = 10.0,
+        sock: socket.socket | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self._given = sock  # a listening socket bound before (shared by `onward api --workers`)
         self.config = uvicorn.Config(
             app,
             host=host,
@@ -74,6 +76,8 @@ class ApiServer:
             log_config=uvicorn.config.LOGGING_CONFIG if own_logging else None,
             proxy_headers=False,
             server_header=False,
+            # httptools' parser and uvloop (cli._run) when installed: both are dependencies
+            http="auto",
             lifespan="off",
             timeout_graceful_shutdown=max(1, int(graceful_seconds)),
         )
@@ -87,7 +91,7 @@ class ApiServer:
         return f"http://{host}:{self.port}"
 
     async def start(self, timeout: float = 30.0) -> Self:
-        self._sock = bind(self.host, self.port)
+        self._sock = self._given or bind(self.host, self.port)
         self.port = self._sock.getsockname()[1]
         self._task = asyncio.create_task(self.server.serve(sockets=[self._sock]))
         loop = asyncio.get_running_loop()

@@ -5,7 +5,8 @@ sandbox's providers in a child process. Two phases, one sitting:
 
 1. **Alone**: ``io`` runs (one ``crm.upsert`` each; the CRM answers at once) are started one
    every ``pace`` seconds; each one's *queueing delay* is the time from its step becoming
-   ready to its claim (history ``step_ready`` -> ``step_claimed``, by the database's clock).
+   ready to its claim (history ``step_ready`` -> the attempt's ``claimed_at``, by the database's
+   clock).
 2. **Under a burst**: ``burst`` runs of the ``slow`` lane (``model.generate``, the sandbox's
    model answering after ``latency_ms``) are started at once, then the same ``io`` runs as in
    phase 1. The slow lane holds its 8 slots for the whole burst (500 calls of 500 ms at 8 at a
@@ -52,10 +53,11 @@ async def _delays(engine: Engine, run_ids: list[str]) -> list[float]:
             await conn.execute(
                 """
                 SELECT r.run_id,
-                       extract(epoch FROM min(c.at) - min(s.at))::float8 * 1000 AS delay_ms
+                       extract(epoch FROM min(c.claimed_at) - min(s.at))::float8 * 1000
+                           AS delay_ms
                 FROM unnest(%s::text[]) AS r(run_id)
                 JOIN history s ON s.run_id = r.run_id AND s.event = 'step_ready'
-                JOIN history c ON c.run_id = r.run_id AND c.event = 'step_claimed'
+                JOIN history c ON c.run_id = r.run_id AND c.claimed_at IS NOT NULL
                 GROUP BY r.run_id
                 """,
                 (run_ids,),

@@ -12,7 +12,7 @@
    (``Engine.signal``), one every ``pace`` seconds. Measured by the database's clock from the
    delivery call's start (this process's clock, moved onto the database's by the offset of a
    ``clock_timestamp()`` round trip) to the history rows: ``signal_consumed`` (the intake
-   committed), the woken step's ``step_claimed`` and the next step's ``step_claimed``. Beside
+   committed), the woken step's claim and the next step's claim (``history.claimed_at``). Beside
    it: the relay's poll interval, which bounds how long the wake of a consumed signal would
    wait if intake did not publish it itself (it does: ``signals.deliver`` notifies in its
    transaction; the outbox row and the relay are the fallback), and the timer fast path of
@@ -199,10 +199,10 @@ MILESTONES = """
 SELECT r.run_id,
        (SELECT min(h.at) FROM history h WHERE h.org_id = r.org_id AND h.run_id = r.run_id
           AND h.event = 'signal_consumed') AS consumed,
-       (SELECT min(h.at) FROM history h WHERE h.org_id = r.org_id AND h.run_id = r.run_id
-          AND h.event = 'step_claimed' AND h.seq = 1 AND h.attempt > 1) AS woken_claimed,
-       (SELECT min(h.at) FROM history h WHERE h.org_id = r.org_id AND h.run_id = r.run_id
-          AND h.event = 'step_claimed' AND h.seq = 2) AS next_claimed
+       (SELECT min(h.claimed_at) FROM history h WHERE h.org_id = r.org_id
+          AND h.run_id = r.run_id AND h.seq = 1 AND h.attempt > 1) AS woken_claimed,
+       (SELECT min(h.claimed_at) FROM history h WHERE h.org_id = r.org_id
+          AND h.run_id = r.run_id AND h.seq = 2) AS next_claimed
 FROM runs r WHERE r.org_id = %(org_id)s
 """
 

@@ -1,7 +1,7 @@
 """``onward bench retention``: pruning 100,000 finished runs without slowing the workers.
 
 A scratch database gets ``backlog`` finished runs (100,000; 5,000 with ``--quick``), finished 40
-days ago, each with the rows a real two-step run leaves (a run, two ``set`` steps, eight history
+days ago, each with the rows a real two-step run leaves (a run, two ``set`` steps, four history
 rows), written set-based with ``generate_series`` (:func:`fill`). The engine's worker and relay
 run in this process, fed by a driver that keeps ``in_flight`` three-step runs going. One sitting,
 windows of the same load, adjacent in time so the machine's drift cancels:
@@ -44,9 +44,10 @@ def fill(
     conn: psycopg.Connection[Any], org_id: str, count: int, *, age_days: float, start: int = 0
 ) -> None:
     """``count`` runs of ``org_id`` that finished ``age_days`` ago (one second apart), each with
-    the rows a real run of two ``set`` steps leaves: the run, its two steps, eight history rows
-    (``run_started``, per step ``step_ready``, ``step_claimed``, ``step_done``,
-    ``run_completed``). Set-based: one statement per table."""
+    the rows a real run of two ``set`` steps leaves: the run, its two steps, four history rows
+    (``run_started``, the first step's ``step_ready``, each step's ``step_done`` -- the second
+    claimed eagerly, the last one's with the run's completion). Set-based: one statement per
+    table."""
     args = {"org": org_id, "a": AUTOMATION, "s": start, "e": start + count - 1, "age": age_days}
     conn.execute("INSERT INTO organisations (org_id) VALUES (%(org)s) ON CONFLICT DO NOTHING", args)
     conn.execute(
@@ -85,17 +86,19 @@ def fill(
     )
     conn.execute(
         """
-        INSERT INTO history (org_id, run_id, at, event, seq, step_id, attempt, worker, detail)
+        INSERT INTO history (org_id, run_id, at, event, seq, step_id, attempt, worker,
+                             claimed_at, detail)
         SELECT r.org_id, r.run_id, r.created_at + h.n * interval '200 milliseconds', h.event,
                h.seq, h.step_id, h.attempt, 'bench',
+               CASE WHEN h.attempt IS NOT NULL
+                    THEN r.created_at + (h.n - 1) * interval '200 milliseconds' END,
                CASE WHEN h.event = 'run_started'
-                    THEN jsonb_build_object('start_key', r.start_key, 'kind', 'event') END
+                    THEN jsonb_build_object('start_key', r.start_key, 'kind', 'event')
+                    WHEN h.n = 3 THEN '{"run": "completed"}'::jsonb END
         FROM runs r
         CROSS JOIN (VALUES
             (0, 'run_started', NULL, NULL, NULL), (1, 'step_ready', 1, 'greet', NULL),
-            (2, 'step_claimed', 1, 'greet', 1), (3, 'step_done', 1, 'greet', 1),
-            (4, 'step_ready', 2, 'tag', NULL), (5, 'step_claimed', 2, 'tag', 1),
-            (6, 'step_done', 2, 'tag', 1), (7, 'run_completed', NULL, NULL, NULL)
+            (2, 'step_done', 1, 'greet', 1), (3, 'step_done', 2, 'tag', 1)
         ) AS h(n, event, seq, step_id, attempt)
         WHERE r.org_id = %(org)s AND r.automation_id = %(a)s
           AND r.run_id BETWEEN 'run_' || %(org)s || '_' || lpad(%(s)s::text, 9, '0')
@@ -297,7 +300,7 @@ def render(res: dict[str, Any]) -> str:
     ]
     return "\n".join(
         [
-            f"backlog: {res['backlog']:,} finished runs (2 steps, 8 history rows each), written "
+            f"backlog: {res['backlog']:,} finished runs (2 steps, 4 history rows each), written "
             f"in {res['fill_seconds']}s",
             *rows,
             f"steps/s pruning / between: {res['ratio']}",

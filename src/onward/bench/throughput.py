@@ -194,9 +194,8 @@ def _drain(url: str, o: dict[str, Any], org: str = "bench") -> dict[str, Any]:
                    c.at, r.finished_at
             FROM runs r
             JOIN LATERAL (
-                SELECT min(h.at) AS at FROM history h
-                WHERE h.org_id = r.org_id AND h.run_id = r.run_id
-                  AND h.event = 'step_claimed' AND h.seq = 1
+                SELECT min(h.claimed_at) AS at FROM history h
+                WHERE h.org_id = r.org_id AND h.run_id = r.run_id AND h.seq = 1
             ) c ON true
             WHERE r.org_id = %s
             """,

@@ -727,16 +727,19 @@ def _db_figures(
     return unfinished | stuck, expected
 
 
-# A step settled (done, failed, parked, cancelled) by an attempt after a later attempt had
-# claimed it: the fence failed. (A parked step resumed and claimed again is not one.)
+# A step settled (done, failed, parked, cancelled) by an attempt after that attempt was given
+# up (lease expired, released) or a later attempt had ended: the fence failed. (A parked step
+# resumed and run again is not one: its later rows come after the park.)
 _STALE_SETTLES = """
 SELECT count(*) AS n FROM history d
 WHERE d.org_id = %(org)s AND d.event IN ('step_done', 'step_failed', 'step_parked', 'step_cancelled')
   AND d.run_id <> ALL(%(skip)s::text[])
   AND EXISTS (SELECT 1 FROM history c
               WHERE c.org_id = d.org_id AND c.run_id = d.run_id AND c.seq = d.seq
-                AND c.event = 'step_claimed' AND c.attempt > d.attempt
-                AND c.event_id < d.event_id)
+                AND c.event_id < d.event_id
+                AND (c.attempt > d.attempt
+                     OR (c.attempt = d.attempt
+                         AND c.event IN ('lease_expired', 'step_released'))))
 """
 
 

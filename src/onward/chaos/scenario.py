@@ -388,7 +388,7 @@ def connect_people(admin: SandboxAdmin, api_url: str, signing_secret: str, api_k
 
 # A draft takes a while, as a model's does: the runner's in-flight cancels need a step that is
 # running long enough to be seen (a sandbox answering in a millisecond is rarely caught).
-MODEL_LATENCY_MS = 120
+MODEL_LATENCY_MS = 40
 
 
 def fault_knobs(seed: int, *, light: bool = True) -> dict[str, dict[str, Any]]:

@@ -511,6 +511,15 @@ def _related(kind: str, row: dict[str, Any]) -> str:
     return f"signal {row['name']} {row['signal_id']}{key}"
 
 
+def _claimed(e: dict[str, Any], t0: Any) -> list[str]:
+    """A row that ends an attempt: when the attempt was claimed and how long it ran."""
+    claimed = e.get("claimed_at")
+    if claimed is None or t0 is None:
+        return []
+    ran = (e["at"] - claimed).total_seconds() * 1000
+    return [f"claimed at +{(claimed - t0).total_seconds():.3f}s, ran {ran:.1f} ms"]
+
+
 def timeline(
     history: list[dict[str, Any]],
     lanes: dict[int, str],
@@ -534,7 +543,7 @@ def timeline(
                 attempt="" if e["attempt"] is None else str(e["attempt"]),
                 worker=e["worker"] or "",
                 detail=excerpt(e["detail"]) if e["detail"] else "",
-                related=[_related(kind, r) for r in related] if kind else [],
+                related=_claimed(e, t0) + ([_related(kind, r) for r in related] if kind else []),
             )
         )
     return lines

@@ -50,8 +50,12 @@ def _configure_as(role: str) -> Callable[[Conn], Awaitable[None]]:
     return configure
 
 
-async def _forget_org(conn: Conn) -> None:
-    await conn.execute("RESET onward.org_id")
+# The organisation each API connection was last set to (OrgPool). A connection keeps its
+# setting between loans: the API pool lends only through OrgPool, which sets the organisation
+# of every loan before its first statement unless the connection already has it -- one round
+# trip saved per request when consecutive loans serve one organisation, and none is lent with
+# another's. A connection the pool replaces is a new key here.
+_org_of: weakref.WeakKeyDictionary[Conn, str] = weakref.WeakKeyDictionary()
 
 
 def make_pool(
@@ -67,27 +71,41 @@ def make_pool(
     No per-checkout health check: it would cost a round trip on every statement of the hot
     path. A connection that breaks raises ``OperationalError`` to its user, who treats the
     outcome as unknown (fenced writes make that safe), and the pool discards it on return.
-    The API's pool (``role=API_ROLE``) is lent through :class:`OrgPool`; on return each of its
-    connections forgets its organisation (``reset``; one whose reset fails is discarded).
+    The API's pool (``role=API_ROLE``) is lent only through :class:`OrgPool`, which sets the
+    organisation of every loan: its own ``connection()`` refuses (:class:`_TenantPool`).
     """
-    return AsyncConnectionPool(
+    kind = _TenantPool if role == API_ROLE else AsyncConnectionPool
+    return kind(
         url,
         connection_class=psycopg.AsyncConnection[dict[str, Any]],
         min_size=min_size,
         max_size=max_size,
         kwargs={"row_factory": dict_row, "autocommit": True, "prepare_threshold": 0},
         configure=_configure_as(role),
-        reset=_forget_org if role == API_ROLE else None,
         name=name,
         open=False,
     )
+
+
+class _TenantPool(AsyncConnectionPool[Conn]):
+    """The API's pool: its connections keep the organisation of their last loan, so none may be
+    lent without one -- ``connection()`` refuses; :class:`OrgPool` lends (``_lend``)."""
+
+    def connection(self, timeout: float | None = None) -> Any:
+        raise RuntimeError(
+            "the API pool lends a connection only with an organisation: org_pool(pool, org_id)"
+        )
+
+    def _lend(self, timeout: float | None = None) -> Any:
+        return super().connection(timeout=timeout)
 
 
 class OrgPool:
     """The API pool as one organisation sees it: every connection it lends has
     ``onward.org_id`` set to ``org_id`` before its first statement, so row-level security
     (role ``onward_api``) shows and admits that organisation's rows only -- whatever the
-    query says. The pool resets the setting when the connection comes back.
+    query says. The setting is written only when the connection's last loan was for another
+    organisation (or none): the API pool is lent through OrgPool alone.
 
     It stands in for a ``Pool`` wherever onward's functions take one (they use
     ``connection()``); the health bookkeeping of ``read``/``write`` uses ``base``."""
@@ -97,8 +115,12 @@ class OrgPool:
 
     @contextlib.asynccontextmanager
     async def connection(self, timeout: float | None = None) -> AsyncIterator[Conn]:
-        async with self.base.connection(timeout=timeout) as conn:
-            await conn.execute("SELECT set_config('onward.org_id', %s, false)", (self.org_id,))
+        lend = getattr(self.base, "_lend", self.base.connection)
+        async with lend(timeout=timeout) as conn:
+            if _org_of.get(conn) != self.org_id:
+                _org_of.pop(conn, None)  # unknown until the setting is known to be written
+                await conn.execute("SELECT set_config('onward.org_id', %s, false)", (self.org_id,))
+                _org_of[conn] = self.org_id
             yield conn
 
     def __getattr__(self, name: str) -> Any:

@@ -10,7 +10,9 @@
 -- a lease it holds ends now (a lapsed one keeps the instant it lapsed); `wake` (what woke it) and
 -- `error` replace the step's own when given. A failed attempt -- the events `step_retry` (an
 -- error) and `lease_expired` (its worker died or stalled) -- counts in `failures`, what retry
--- policies count; a deferral, a release, a wake or a resume does not. Then announce_ready.
+-- policies count; a deferral, a release, a wake or a resume does not. A step made ready from
+-- 'running' ends that attempt: its history row carries when the attempt was claimed. Then
+-- announce_ready.
 ready AS (
     UPDATE steps st
     SET status = 'ready', owner = NULL,
@@ -24,13 +26,15 @@ ready AS (
     WHERE st.org_id = r.org_id AND st.run_id = r.run_id AND st.seq = r.seq
       AND st.status = r.from_status AND (r.attempt IS NULL OR st.attempt = r.attempt)
     RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt,
-              st.available_at AS deliver_at, r.event, r.worker, r.detail
+              st.available_at AS deliver_at, r.event, r.worker, r.detail,
+              CASE WHEN r.from_status = 'running' THEN st.claimed_at END AS claimed_at
 ),
 {{announce_ready}}
 
 -- fragment: announce_ready
 -- Expects a CTE `ready` (org_id, run_id, seq, step_id, lane, attempt, deliver_at, event,
--- worker, detail): steps that are ready now. Writes, in the same statement, the outbox row
+-- worker, detail, claimed_at): steps that are ready now; claimed_at: when the attempt this
+-- makes ready ended was claimed (NULL: it ends none). Writes, in the same statement, the outbox row
 -- that wakes a worker of the step's lane at deliver_at -- its job id names the attempt it
 -- invites (attempt + 1, onward_step_wake_id) -- and the history row of the transition.
 ready_wake AS (
@@ -40,8 +44,10 @@ ready_wake AS (
     FROM ready
 ),
 ready_history AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
-    SELECT org_id, run_id, event, seq, step_id, nullif(attempt, 0), worker, detail FROM ready
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+                         detail)
+    SELECT org_id, run_id, event, seq, step_id, nullif(attempt, 0), worker, claimed_at, detail
+    FROM ready
 )
 
 -- fragment: announce_timer

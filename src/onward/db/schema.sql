@@ -294,6 +294,7 @@ CREATE TABLE history (
     attempt integer,
     worker text,
     detail jsonb,
+    claimed_at timestamp with time zone,
     CONSTRAINT history_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_deferred'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'signal_consumed'::text, 'signal_refused'::text, 'signal_late'::text, 'approval_requested'::text, 'approval_decided'::text, 'approval_refused'::text, 'approval_expired'::text, 'circuit_opened'::text, 'circuit_half_open'::text, 'circuit_closed'::text, 'cancel_requested'::text, 'run_migrated'::text, 'run_erased'::text, 'review_resolved'::text, 'run_forked'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text, 'effect_claimed'::text, 'effect_settled'::text, 'effect_not_done'::text, 'effect_unknown'::text, 'effect_reconciled'::text, 'effect_review'::text]))),
     CONSTRAINT history_pkey PRIMARY KEY (org_id, run_id, event_id)
 );
@@ -658,6 +659,7 @@ CREATE TABLE steps (
     failures integer NOT NULL DEFAULT 0,
     version integer,
     vars jsonb,
+    claimed_at timestamp with time zone,
     CONSTRAINT steps_pkey PRIMARY KEY (org_id, run_id, seq),
     CONSTRAINT steps_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text, 'done'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text, 'budget'::text, 'migration'::text])))

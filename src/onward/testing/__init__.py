@@ -48,7 +48,9 @@ Step kinds for tests (:mod:`onward.testing.kinds`)
     ``test.sleep`` (``SLEEP_KIND``): sleeps, answers the attempt, the worker and its clock.
 
 Rows (:mod:`onward.testing.rows`)
-    Readers: ``history(conn, run_id, *events, seq=)``, ``step_row(conn, run_id, seq)`` (with
+    Readers: ``history(conn, run_id, *events, seq=)``, ``attempts(conn, run_id, seq=)`` (every
+    claim: ended ones from history, running ones from the step row), ``step_row(conn, run_id,
+    seq)`` (with
     ``lapsed``), ``steps(conn, run_id, step_id=None)``, ``run_row(conn, run_id)``,
     ``effect_row(conn, key)``, ``run_effects(conn, run_id)``. Checks:
     ``double_transitions(conn, org=)`` -> ``{check: count}`` of everything applied twice (a
@@ -72,6 +74,7 @@ from onward.testing.processes import (
 )
 from onward.testing.rows import (
     assert_nothing_applied_twice,
+    attempts,
     double_transitions,
     effect_row,
     history,
@@ -91,6 +94,7 @@ __all__ = [
     "TemporaryDatabases",
     "api_key",
     "assert_nothing_applied_twice",
+    "attempts",
     "auth",
     "double_transitions",
     "effect_row",

@@ -113,10 +113,21 @@ def history(
     seq: int | None = None,
     org: str | None = None,
 ) -> list[Row]:
-    """A run's history rows (event_id, at, event, seq, step_id, attempt, worker, detail),
+    """A run's history rows (event_id, at, event, seq, step_id, attempt, worker, claimed_at,
+    detail),
     oldest first: only ``events`` when named, only ``seq`` when given."""
     params = {"run_id": run_id, "events": list(events), "seq": seq, "org": org}
     return _all(conn, Q.history, params)
+
+
+def attempts(
+    conn: psycopg.Connection[Any], run_id: str, *, seq: int | None = None, org: str | None = None
+) -> list[Row]:
+    """Every claim of a run's steps (seq, step_id, attempt, worker, claimed_at, ended), oldest
+    first: the attempts that ended (``ended``: the history event that ended each) and those
+    running now (``ended`` None). A claim writes no history row of its own: the step row holds
+    it until the row that ends the attempt records it."""
+    return _all(conn, Q.attempts, {"run_id": run_id, "seq": seq, "org": org})
 
 
 def step_row(

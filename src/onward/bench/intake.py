@@ -1,0 +1,359 @@
+"""``onward bench intake``: webhook starts per second over HTTP, driven by a compiled client.
+
+``onward bench start`` drives the API from a Python client on the same cores, so its figure
+measures both. Here the load comes from ``wrk`` (C, Debian's package ``wrk``), which costs the
+machine a small share of what the server does, against ``onward api --workers N`` -- the
+command users run, in its own processes. One sitting, on a scratch database, no worker running:
+
+1. **open throttle**: ``connections`` keep-alive connections post ``POST /v1/hooks/{automation}``
+   with an API key for ``seconds``; every event id is sent twice (the second a duplicate
+   delivery, often racing its original on another connection): each must be answered 2xx and
+   one run made per event id. Requests/s, latency p50/p99 (wrk's own histogram), commits per
+   request, CPU milliseconds per request of the API processes, of PostgreSQL and of wrk.
+2. **paced**: the same at about ``rate`` requests/s (wrk's ``delay()`` per connection), for
+   the latency a steady load sees.
+3. **ceiling**: pgbench's minimal start (run, first step and wake in one statement) with 16
+   clients, on the same database in the same sitting.
+
+The printed ratio is requests/s over the pgbench start ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from onward.bench.ceiling import (
+    cpu_delta,
+    cpu_snapshot,
+    db_counters,
+    db_delta,
+    find_pgbench,
+    pgbench,
+    prepare_pgbench,
+    settle_stats,
+)
+from onward.bench.db import scratch_database
+from onward.bench.throughput import AUTOMATION, FLOW
+from onward.config import Settings
+
+ORG = "bench"
+CEILING_CLIENTS = 16
+
+# Each wrk thread numbers its requests; request n carries event id <tag>-<thread>-<ceil(n/2)>,
+# so every id goes out twice, back to back on the thread's connections (a duplicate often
+# races its original). done() prints one JSON line: wrk's totals, its latency percentiles
+# (microseconds) and how many distinct ids were sent.
+LUA = r"""
+local threads = {}
+local counter = 0
+
+function setup(thread)
+  thread:set("id", counter)
+  counter = counter + 1
+  table.insert(threads, thread)
+end
+
+function init(args)
+  tag = args[1]
+  pause = tonumber(args[2])
+  key = args[3]
+  path = args[4]
+  n = 0
+end
+
+function request()
+  n = n + 1
+  local k = math.floor((n + 1) / 2)
+  local ev = tag .. "-" .. id .. "-" .. k
+  local body = '{"i":' .. k .. ',"email":"u' .. id .. "-" .. k .. '@example.com"}'
+  return wrk.format("POST", path, {
+    ["Authorization"] = "Bearer " .. key,
+    ["Content-Type"] = "application/json",
+    ["X-Event-Id"] = ev,
+  }, body)
+end
+
+function delay()
+  return pause
+end
+
+function done(summary, latency, requests)
+  local sent = 0
+  for _, t in ipairs(threads) do
+    sent = sent + math.floor((t:get("n") + 1) / 2)
+  end
+  local e = summary.errors
+  io.write(string.format(
+    '{"requests": %d, "duration_us": %d, "ids_sent": %d, "connect_errors": %d, ' ..
+    '"read_errors": %d, "write_errors": %d, "non_2xx": %d, "timeouts": %d, ' ..
+    '"p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d}\n',
+    summary.requests, summary.duration, sent, e.connect, e.read, e.write, e.status,
+    e.timeout, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency.max))
+end
+"""
+
+
+def find_wrk() -> str | None:
+    return shutil.which("wrk")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _cpu_s(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def _rss_mb(pids: list[int]) -> float:
+    peak = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except OSError:
+            continue
+    return round(peak / 1024, 1)
+
+
+async def _prepare(url: str) -> str:
+    from onward import api_keys
+    from onward.engine import Engine
+
+    settings = Settings(database_url=url, org_id=ORG, queue="postgres")
+    async with Engine.open(settings, migrate=False, start_queue=False, pool_size=2) as engine:
+        await engine.publish(FLOW)
+        _, key = await api_keys.create(
+            engine.engine_pool, ORG, name="bench-intake", scopes=["runs:write"], by="bench"
+        )
+    return key
+
+
+def _start_api(url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "ONWARD_DATABASE_URL": url,
+        "ONWARD_ORG": ORG,
+        "ONWARD_QUEUE": "postgres",
+        "ONWARD_INTAKE_LIMIT": "0",  # the bench measures the server, not the intake limit
+        "ONWARD_LOG_LEVEL": "warning",
+    }
+    argv = [sys.executable, "-m", "onward.cli", "api", "--port", str(port)]
+    argv += ["--workers", str(workers)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    up = 0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"onward api exited {proc.returncode}: {err[-800:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                up += 1
+                if up >= 3 * workers:  # a few answers: every process has had its chance
+                    return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("onward api did not answer /healthz within 60 s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _wrk(
+    url: str,
+    port: int,
+    key: str,
+    api_pids: list[int],
+    *,
+    tag: str,
+    seconds: float,
+    connections: int,
+    threads: int,
+    pause_ms: int,
+) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(LUA)
+        script = f.name
+    path = f"/v1/hooks/{AUTOMATION}"
+    argv = [
+        find_wrk() or "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        script,
+        f"http://127.0.0.1:{port}",
+        "--",
+        tag,
+        str(pause_ms),
+        key,
+        path,
+    ]
+    settle_stats()
+    db0, cpu0, api0 = db_counters(url), cpu_snapshot(), _cpu_s(api_pids)
+    wrk0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wrk1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    api1, cpu1 = _cpu_s(api_pids), cpu_snapshot()
+    settle_stats()
+    db1 = db_counters(url)
+    os.unlink(script)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("{")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr[-500:]}")
+    w = json.loads(line)
+    n = max(int(w["requests"]), 1)
+    elapsed = w["duration_us"] / 1e6
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM runs WHERE org_id = %s AND start_key LIKE %s",
+            (ORG, f"{AUTOMATION}:{tag}-%"),
+        ).fetchone()
+    runs = int(row[0]) if row else 0
+    errors = sum(int(w[k]) for k in ("connect_errors", "read_errors", "write_errors", "timeouts"))
+    wrk_cpu = (wrk1.ru_utime + wrk1.ru_stime) - (wrk0.ru_utime + wrk0.ru_stime)
+    pg = cpu_delta(cpu0, cpu1)
+    return {
+        "requests": n,
+        "elapsed_s": round(elapsed, 3),
+        "per_s": round(n / elapsed, 1) if elapsed > 0 else 0.0,
+        "latency_ms_p50": round(w["p50_us"] / 1000, 2),
+        "latency_ms_p90": round(w["p90_us"] / 1000, 2),
+        "latency_ms_p99": round(w["p99_us"] / 1000, 2),
+        "latency_ms_max": round(w["max_us"] / 1000, 2),
+        "connections": connections,
+        "pause_ms": pause_ms,
+        "non_2xx": int(w["non_2xx"]),
+        "socket_errors": errors,
+        "ids_sent": int(w["ids_sent"]),
+        "runs_in_database": runs,
+        # every id answered made at most one run; ids whose requests were still in flight when
+        # wrk stopped may or may not have one
+        "consistent": int(w["non_2xx"]) == 0 and errors == 0 and runs <= int(w["ids_sent"]),
+        "commits_per_request": round(db_delta(db0, db1)["commits"] / n, 3),
+        "api_cpu_ms_per_request": round((api1 - api0) * 1000 / n, 3),
+        "pg_cpu_ms_per_request": round(pg["pg_cpu_s"] * 1000 / n, 3),
+        "wrk_cpu_ms_per_request": round(wrk_cpu * 1000 / n, 3),
+        "machine_busy": pg["machine_busy"],
+    }
+
+
+def run(
+    admin_url: str,
+    *,
+    quick: bool = False,
+    workers: int | None = None,
+    seconds: float | None = None,
+    connections: int | None = None,
+    rate: int | None = None,
+) -> dict[str, Any]:
+    """``workers``: API processes (``onward api --workers``); ``rate``: the paced phase's
+    requests/s."""
+    if find_wrk() is None:
+        raise RuntimeError("wrk not found: install Debian's package wrk (apt-get install wrk)")
+    w = workers or 2
+    secs = seconds or (2.0 if quick else 10.0)
+    conns = connections or (8 if quick else 32)
+    paced_rate = rate or (100 if quick else 500)
+    paced_conns = 10
+    res: dict[str, Any] = {"bench": "intake", "api_processes": w, "seconds": secs}
+    with scratch_database(admin_url, "intake") as url:
+        import asyncio
+
+        key = asyncio.run(_prepare(url))
+        port = _free_port()
+        api = _start_api(url, port, w)
+        try:
+            pids = [api.pid, *_children(api.pid)]
+            res["open"] = _wrk(
+                url, port, key, pids, tag="open", seconds=secs, connections=conns,
+                threads=2, pause_ms=0,
+            )  # fmt: skip
+            res["paced"] = _wrk(
+                url, port, key, pids, tag="paced", seconds=secs, connections=paced_conns,
+                threads=2, pause_ms=max(1, round(paced_conns * 1000 / paced_rate)),
+            )  # fmt: skip
+            res["paced"]["target_per_s"] = paced_rate
+            res["api_rss_mb"] = _rss_mb(pids)
+        finally:
+            _stop(api)
+        pg: list[dict[str, Any]] = []
+        if find_pgbench() is not None:
+            prepare_pgbench(url)
+            pg.append(pgbench(url, "start_cte", CEILING_CLIENTS, 2_000 if quick else 20_000))
+        res["pgbench"] = pg
+    ceiling = max((p.get("tps", 0.0) for p in pg), default=0.0)
+    res["ceiling_per_s"] = ceiling
+    res["ratio"] = round(res["open"]["per_s"] / ceiling, 3) if ceiling else None
+    return res
+
+
+def render(res: dict[str, Any]) -> str:
+    lines = [
+        f"webhook starts over HTTP, half duplicates, {res['api_processes']} API processes "
+        f"(onward api --workers), load from wrk, {res['seconds']:g} s a phase",
+        f"{'phase':<8} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'commits':>7} "
+        f"{'api ms':>7} {'pg ms':>6} {'wrk ms':>6} {'busy':>5}  consistent",
+    ]
+    for name in ("open", "paced"):
+        r = res[name]
+        lines.append(
+            f"{name:<8} {r['per_s']:>8.1f} {r['latency_ms_p50']:>7.2f} {r['latency_ms_p99']:>7.2f} "
+            f"{r['latency_ms_max']:>7.1f} {r['commits_per_request']:>7.3f} "
+            f"{r['api_cpu_ms_per_request']:>7.3f} {r['pg_cpu_ms_per_request']:>6.3f} "
+            f"{r['wrk_cpu_ms_per_request']:>6.3f} {r['machine_busy'] or 0:>5.2f}  "
+            f"{r['consistent']} ({r['runs_in_database']} runs for {r['ids_sent']} ids, "
+            f"{r['non_2xx']} non-2xx, {r['socket_errors']} socket errors)"
+        )
+    lines.append(
+        f"ceiling: pgbench minimal start, {CEILING_CLIENTS} clients: {res['ceiling_per_s']:.0f}/s"
+        f"; open throttle = {res['ratio']} of it; paced target {res['paced']['target_per_s']}/s"
+        f"; API processes' peak RSS {res['api_rss_mb']} MB"
+    )
+    lines.append("(ms columns: CPU milliseconds per request of the API processes, PostgreSQL, wrk)")
+    return "\n".join(lines)
