@@ -788,24 +788,70 @@ def demo(
             "--payload", "-p", help='the webhook body: JSON, @file or @- (default {"name": "Maya"})'
         ),
     ] = None,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep", help="leave the embedded PostgreSQL running at the end (`onward stop`)"
+        ),
+    ] = False,
 ) -> None:
     """Publish an example automation, deliver its webhook twice, run it, show its timeline.
 
     With ``--app MODULE:ATTR`` the example is yours: every automation of the app is published
     and the first one is run. Needs nothing installed: without a database URL it starts the
-    embedded PostgreSQL."""
+    embedded PostgreSQL, and stops it at the end unless ``--keep`` (one that was already
+    running is left running). Its last line says what is left running.
+
+    \b
+    Example:
+        onward demo --keep
+    """
+    from onward.db.embedded import is_running
     from onward.demo import run_demo
 
-    result = _run(
-        run_demo(
-            _settings(ctx),
-            out=typer.echo,
-            documents=_app_automations(ctx) or None,
-            payload=_parse_payload(payload) if payload is not None else None,
+    settings = _settings(ctx)
+    embedded = settings.database_url is None
+    was_running = embedded and is_running(settings.data_dir)
+    try:
+        result = _run(
+            run_demo(
+                settings,
+                out=typer.echo,
+                documents=_app_automations(ctx) or None,
+                payload=_parse_payload(payload) if payload is not None else None,
+            )
         )
-    )
+    finally:
+        typer.echo(_demo_leaves(settings, embedded=embedded, was_running=was_running, keep=keep))
     if result.status != "completed":
         raise typer.Exit(1)
+
+
+def _stop_command(data_dir: str) -> str:
+    """The ``onward stop`` that stops the server of ``data_dir`` from this folder."""
+    from onward.db.embedded import default_data_dir
+
+    same = Path(data_dir).resolve() == Path(default_data_dir()).resolve()
+    return "onward stop" if same else f"onward --data-dir {data_dir} stop"
+
+
+def _demo_leaves(settings: Settings, *, embedded: bool, was_running: bool, keep: bool) -> str:
+    """Stop the embedded server the demo started, unless kept; say what is left running."""
+    from onward.db.embedded import server_info, stop_server
+
+    if not embedded:
+        return "nothing left running: the demo's API, worker and sandbox stopped with it"
+    info = server_info(settings.data_dir)
+    if info is None or not info.running:
+        return "nothing left running"
+    where = f"the embedded PostgreSQL in {info.folder} (pid {info.pid})"
+    stop = _stop_command(settings.data_dir)
+    if was_running:
+        return f"left running: {where}, as it was before the demo; `{stop}` stops it"
+    if keep:
+        return f"left running (--keep): {where}; `{stop}` stops it"
+    stop_server(settings.data_dir)
+    return f"stopped {where}, which the demo started; nothing left running"
 
 
 @app.command()
@@ -814,18 +860,6 @@ def sandbox(ctx: typer.Context, host: HostOpt = "127.0.0.1", port: PortOpt = 809
     from onward.sandbox import serve
 
     serve(host, port)
-
-
-@app.command("stop-embedded")
-def stop_embedded(ctx: typer.Context) -> None:
-    """Stop the embedded PostgreSQL of --data-dir (it outlives the processes that use it)."""
-    from onward.db.embedded import stop_server
-
-    data_dir = _settings(ctx).data_dir
-    if stop_server(data_dir):
-        typer.echo(f"stopped the embedded PostgreSQL in {data_dir}")
-    else:
-        typer.echo(f"no embedded PostgreSQL runs in {data_dir}")
 
 
 # -- operations ------------------------------------------------------------------------------
@@ -938,6 +972,7 @@ from onward import (  # noqa: E402  (uses the helpers above)
     cli_keys,
     cli_migrate,
     cli_people,
+    cli_status,
 )
 from onward.cli_audit import audit as audit_command  # noqa: E402  (uses the helpers above)
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
@@ -971,6 +1006,9 @@ app.add_typer(hooks_app)  # onward hooks secret add|list|remove
 cli_keys.register(keys_app)
 app.add_typer(keys_app)  # onward keys create|list|revoke|new-key|rotate-secrets
 app.command("audit")(audit_command)  # onward audit [--action A] [--since T] [--json]
+app.command()(cli_status.status)  # onward status [--json]
+app.command()(cli_status.stop)  # onward stop
+app.command("stop-embedded", hidden=True)(cli_status.stop)  # the old name of `onward stop`
 
 # -- entry point -----------------------------------------------------------------------------
 
