@@ -49,6 +49,8 @@ import typer
 from onward.cli_schedules import schedules_app
 from onward.config import QUEUES, Settings
 from onward.errors import InvalidAutomation, InvalidInput, OnwardError
+from onward.init.project import Connection as ProjectConnection
+from onward.init.project import read_project
 from onward.userapp import Document, UserApp, load_app
 
 if TYPE_CHECKING:
@@ -138,6 +140,8 @@ class Globals:
         self.user_app = user_app
         self.log_level, self.log_levels = log_level, log_levels
         self.overrides = overrides
+        #: the connections ``onward.toml`` declares (connected when the app is published)
+        self.connections: list[ProjectConnection] = []
 
     def settings(self, **extra: Any) -> Settings:
         overrides = {**self.overrides, **extra}
@@ -198,17 +202,22 @@ def _globals(
     log_levels: LogLevelsOpt = None,
 ) -> None:
     _configure_logs(log_level, log_levels)
+    # onward.toml in this folder: below the flags and ONWARD_* variables, above the defaults
+    project = read_project()
+    given = project.settings
+    app_spec = app_spec or given.get("app")
     user_app = load_app(app_spec) if app_spec else None
     ctx.obj = Globals(
         user_app,
         log_level=log_level,
         log_levels=log_levels,
-        database_url=database_url,
-        queue=queue,
-        org_id=org,
-        redis_url=redis_url,
-        data_dir=data_dir,
+        database_url=database_url or given.get("database_url"),
+        queue=queue or given.get("queue"),
+        org_id=org or given.get("org"),
+        redis_url=redis_url or given.get("redis_url"),
+        data_dir=data_dir or given.get("data_dir"),
     )
+    ctx.obj.connections = project.connections
 
 
 def _settings(ctx: typer.Context, **extra: Any) -> Settings:
@@ -444,6 +453,26 @@ async def _publish_documents(
     return await engine.publish_all(documents)
 
 
+def _connections(ctx: typer.Context) -> list[ProjectConnection]:
+    globals_: Globals = ctx.obj
+    return globals_.connections
+
+
+async def _connect(engine: Engine, connections: Sequence[ProjectConnection]) -> None:
+    """Add the connections ``onward.toml`` declares (or replace their credentials)."""
+    for c in connections:
+        await engine.integrations.add_connection(
+            engine.org_id,
+            c.connection_id,
+            provider=c.provider,
+            base_url=c.base_url,
+            account=c.account,
+            secret=c.secret,
+            actor=cli_actor(),
+        )
+        _progress(f"connected {c.connection_id} ({c.provider}, from onward.toml)")
+
+
 @app.command()
 def publish(
     ctx: typer.Context,
@@ -462,7 +491,9 @@ def publish(
 
     async def go() -> list[Published]:
         async with _open(_settings(ctx)) as engine:
-            return await _publish_documents(engine, documents)
+            published = await _publish_documents(engine, documents)
+            await _connect(engine, _connections(ctx))
+            return published
 
     published = _run(go())
     single = target is not None and not target.is_dir()
@@ -622,6 +653,7 @@ async def _serve(
     relay: bool = True,
     sweeper: bool = True,
     documents: Sequence[tuple[str, Document]] = (),
+    connections: Sequence[ProjectConnection] = (),
     metrics_host: str = "127.0.0.1",
 ) -> None:
     """Publish ``documents`` (the app's automations, for ``up``), then run the API and/or
@@ -641,6 +673,8 @@ async def _serve(
             published = await _publish_documents(engine, list(documents))
             for p, (source, _) in zip(published, documents, strict=True):
                 log.info("%s  (%s)", _published_line(p), source)
+        if connections:
+            await _connect(engine, connections)
         stop = asyncio.Event()
         api: ApiServer | None = None  # imported only when served: a worker never loads FastAPI
         svc = None
@@ -656,7 +690,9 @@ async def _serve(
             )
             await api.start()
             waiters.append(asyncio.ensure_future(api.wait_closed()))
-            log.info("API on %s (OpenAPI at %s/docs)", api.url, api.url)
+            log.info(
+                "API on %s (OpenAPI at %s/docs; the console at %s/)", api.url, api.url, api.url
+            )
             if not await _has_live_key(engine):
                 log.info(
                     "organisation %s has no API key yet: every route but /healthz needs one "
@@ -724,6 +760,7 @@ def up(
             background=True,
             lanes=_parse_lanes(lanes),
             documents=_app_automations(ctx),
+            connections=_connections(ctx),
         )
     )
 
@@ -819,6 +856,7 @@ def demo(
                 out=typer.echo,
                 documents=_app_automations(ctx) or None,
                 payload=_parse_payload(payload) if payload is not None else None,
+                prepare=lambda engine: _connect(engine, _connections(ctx)),
             )
         )
     finally:
@@ -969,6 +1007,7 @@ from onward import (  # noqa: E402  (uses the helpers above)
     cli_actions,
     cli_cancel,
     cli_flow,
+    cli_init,
     cli_keys,
     cli_migrate,
     cli_people,
@@ -1006,6 +1045,7 @@ app.add_typer(hooks_app)  # onward hooks secret add|list|remove
 cli_keys.register(keys_app)
 app.add_typer(keys_app)  # onward keys create|list|revoke|new-key|rotate-secrets
 app.command("audit")(audit_command)  # onward audit [--action A] [--since T] [--json]
+app.command()(cli_init.init)  # onward init [DIR] [--template T] [--force]
 app.command()(cli_status.status)  # onward status [--json]
 app.command()(cli_status.stop)  # onward stop
 app.command("stop-embedded", hidden=True)(cli_status.stop)  # the old name of `onward stop`

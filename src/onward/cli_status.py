@@ -28,13 +28,14 @@ def status(
         onward status --json
     """
     from onward import status as status_module
-    from onward.cli import _print_json, _settings
+    from onward.cli import _print_json, _settings, _stop_command
 
-    found = status_module.gather(_settings(ctx))
+    settings = _settings(ctx)
+    found = status_module.gather(settings)
     if as_json:
         _print_json(found.as_dict())
     else:
-        typer.echo(status_module.render(found))
+        typer.echo(status_module.render(found, stop=_stop_command(settings.data_dir)))
 
 
 def stop(ctx: typer.Context) -> None:

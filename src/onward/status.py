@@ -140,17 +140,22 @@ def _when(value: Any) -> str:
     return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
 
 
-def render(status: Status) -> str:
-    """The human form of :func:`gather`'s answer."""
+def render(status: Status, *, stop: str = "onward stop") -> str:
+    """The human form of :func:`gather`'s answer; ``stop`` is the command that stops the
+    embedded server from here."""
     out = []
     e = status.embedded or {}
     if e.get("running"):
-        where = f"socket {e['socket_dir']}, port {e['port']}" if e.get("socket_dir") else (
-            f"port {e['port']}"
+        where = (
+            f"socket {e['socket_dir']}, port {e['port']}"
+            if e.get("socket_dir")
+            else (f"port {e['port']}")
         )
         answer = "answers" if e.get("answers") else "does NOT answer"
-        out.append(f"embedded PostgreSQL: running in {e['folder']} ({where}, pid {e['pid']}), "
-                   f"{answer}; `onward stop` stops it")
+        out.append(
+            f"embedded PostgreSQL: running in {e['folder']} ({where}, pid {e['pid']}), "
+            f"{answer}; `{stop}` stops it"
+        )
     else:
         out.append(f"embedded PostgreSQL: not running ({e.get('folder')})")
     d = status.database

@@ -153,9 +153,7 @@ def stop_server(data_dir: str, *, timeout: float = 30.0) -> bool:
     user = ROOT_SERVER_USER if os.geteuid() == 0 else None
     argv = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", info.pgdata, "-m", "fast", "-w", "stop"]
     try:
-        subprocess.run(
-            argv, user=user, check=True, capture_output=True, timeout=timeout, cwd="/"
-        )
+        subprocess.run(argv, user=user, check=True, capture_output=True, timeout=timeout, cwd="/")
     except (subprocess.SubprocessError, OSError):
         # pg_ctl could not do it: SIGTERM is PostgreSQL's own "smart" shutdown request.
         with contextlib.suppress(ProcessLookupError):
@@ -166,4 +164,3 @@ def stop_server(data_dir: str, *, timeout: float = 30.0) -> bool:
             raise TimeoutError(f"the embedded PostgreSQL {info.pid} did not stop in {timeout}s")
         time.sleep(0.05)
     return True
-
