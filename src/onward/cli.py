@@ -64,7 +64,8 @@ log = logging.getLogger("onward.cli")
 app = typer.Typer(
     name="onward",
     help="onward: a durable workflow engine. PostgreSQL stores what happened and what must "
-    "happen next; a queue only wakes workers.",
+    "happen next; a queue only wakes workers."
+    "\n\n\b\nExample:\n    onward --app hello_app:app up",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -366,7 +367,12 @@ def migrate(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Apply pending database migrations (or list them, or verify them)."""
+    """Apply pending database migrations (or list them, or verify them).
+
+    \b
+    Example:
+        onward migrate --status
+    """
     from onward.db import migrate as migrations
     from onward.db import resolve_url
 
@@ -486,7 +492,12 @@ def publish(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Publish automations as new immutable versions ("unchanged" if identical)."""
+    """Publish automations as new immutable versions ("unchanged" if identical).
+
+    \b
+    Example:
+        onward --app welcome_app publish flows/
+    """
     documents = _documents(ctx, target)
 
     async def go() -> list[Published]:
@@ -532,7 +543,12 @@ def start(
     """Start a run. A second start with the same key is a duplicate: the same run, not an error.
 
     Start key: --key, else --event-id, else a hash of the payload (weaker: identical payloads
-    collapse into one run)."""
+    collapse into one run).
+
+    \b
+    Example:
+        onward start welcome --payload '{"name": "Maya"}' --event-id evt_7Hq2
+    """
     from onward.api.models import StartAnswer
     from onward.start import start_key_for
 
@@ -562,7 +578,8 @@ def start(
 
 runs_app = typer.Typer(
     name="runs",
-    help="List runs, newest first; `onward runs migrate` moves runs between versions.",
+    help="List runs, newest first; `onward runs migrate` moves runs between versions."
+    "\n\n\b\nExample:\n    onward runs --status completed --limit 10",
     invoke_without_command=True,
 )
 app.add_typer(runs_app)  # onward runs [--status S ...] | onward runs migrate ...
@@ -576,7 +593,12 @@ def runs(
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first.
+
+    \b
+    Example:
+        onward runs --status parked --automation welcome
+    """
     if ctx.invoked_subcommand is not None:
         return
     from onward.api.models import RunSummary
@@ -607,7 +629,12 @@ def show(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="a run id")],
     as_json: JsonOpt = False,
 ) -> None:
-    """One run on one screen: every transition in order (R17)."""
+    """One run on one screen: every transition in order.
+
+    \b
+    Example:
+        onward show run_01a2342e4f04fd923c735242
+    """
     from onward.api.models import RunView
     from onward.history import render_timeline
 
@@ -751,7 +778,12 @@ def up(
 
     With ``--app MODULE:ATTR`` it first publishes the app's automations (unchanged when
     identical). Logs: JSON lines on stderr (console format on a terminal), every line of a
-    step with its org, run, step, attempt and worker."""
+    step with its org, run, step, attempt and worker.
+
+    \b
+    Example:
+        onward --app hello_app:app up --port 8080
+    """
     _reconfigure_logs(ctx, log_level, log_levels)
     _run(
         _serve(
@@ -795,7 +827,12 @@ def worker(
     and releases the rest. The relay and sweeper run here too unless turned off: any number
     of processes may run them (the relay shares rows with SKIP LOCKED, one sweeper is
     elected). Logs: JSON lines on stderr (console format on a terminal), every line of a
-    step with its org, run, step, attempt and worker."""
+    step with its org, run, step, attempt and worker.
+
+    \b
+    Example:
+        onward --app hello_app worker --lanes fast=64,io=16
+    """
     _reconfigure_logs(ctx, log_level, log_levels)
     _run(
         _serve(
@@ -812,7 +849,12 @@ def worker(
 
 @app.command()
 def api(ctx: typer.Context, host: HostOpt = "127.0.0.1", port: PortOpt = 8080) -> None:
-    """The HTTP API only (webhooks, publish, runs), until SIGINT/SIGTERM."""
+    """The HTTP API only (webhooks, publish, runs), until SIGINT/SIGTERM.
+
+    \b
+    Example:
+        onward api --host 0.0.0.0 --port 8080
+    """
     _run(_serve(_settings(ctx), api_at=(host, port), background=False))
 
 
@@ -894,7 +936,12 @@ def _demo_leaves(settings: Settings, *, embedded: bool, was_running: bool, keep:
 
 @app.command()
 def sandbox(ctx: typer.Context, host: HostOpt = "127.0.0.1", port: PortOpt = 8099) -> None:
-    """Serve the fake providers (email, CRM, model, payment, Slack) with fault knobs."""
+    """Serve the fake providers (email, CRM, model, payment, Slack) with fault knobs.
+
+    \b
+    Example:
+        onward sandbox --port 8099
+    """
     from onward.sandbox import serve
 
     serve(host, port)
@@ -909,7 +956,12 @@ def doctor(
     as_json: JsonOpt = False,
     grace: Annotated[float, typer.Option(help="seconds before a lag counts as unhealthy")] = 300.0,
 ) -> None:
-    """The silent-failure checks (R16); exits 1 when any is unhealthy."""
+    """The silent-failure checks; exits 1 when any is unhealthy.
+
+    \b
+    Example:
+        onward doctor --json
+    """
     from onward.doctor import render, run_checks
 
     async def go() -> Any:
@@ -955,6 +1007,10 @@ def bench(
 
     Each bench module exposes ``run(database_url, *, quick, **options) -> dict`` and
     ``render(result) -> str``; options it does not take are not passed.
+
+    \b
+    Example:
+        onward bench latency --quick
     """
     import importlib
     import inspect
@@ -988,7 +1044,12 @@ def chaos(
 ) -> None:
     """Kill real workers at every crash point while runs flow; print what survived (exit 1 on
     any lost run, double transition -- a double decision, a signal consumed twice -- or
-    duplicate effect at an idempotent provider)."""
+    duplicate effect at an idempotent provider).
+
+    \b
+    Example:
+        onward chaos --runs 60 --kills 1
+    """
     from onward.chaos import run_chaos
 
     # Progress goes to stderr: stdout holds only the report (only JSON with --json).
