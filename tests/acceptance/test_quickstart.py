@@ -8,6 +8,7 @@ stop``, and then no PostgreSQL process of that folder may be left."""
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import re
@@ -162,7 +163,9 @@ def shown_lines_appear(command: str, shown: list[str], output: str) -> None:
             )
 
 
-def completed(output: str) -> str | None:
+def completed(user: User, command: str, cwd: Path) -> str | None:
+    """``command``'s output once it shows a completed run."""
+    output = user.run(command, cwd)[0]
     return output if " completed " in output else None
 
 
@@ -183,7 +186,7 @@ def test_the_quickstart_runs_as_written(workspace: Path, processes: Processes) -
             output = up.log_text()
         elif command == "onward runs":  # while `onward up` runs the run to its end
             output = eventually_sync(
-                lambda: completed(user.run(command, cwd)[0]),
+                functools.partial(completed, user, command, cwd),
                 timeout=90,
                 interval=1.0,
                 what="onward runs to show the run completed",
