@@ -1,6 +1,9 @@
-"""The ``onward`` command line (B3).
+"""The ``onward`` command line.
 
-    onward demo                         everything in one process, on the embedded PostgreSQL
+    onward init [DIR] [--template T]    a working project of your own (onward.init)
+    onward demo [--keep]                everything in one process, on the embedded PostgreSQL
+    onward status [--json]              what runs: the embedded server, database, leaders, queue
+    onward stop                         stop the embedded PostgreSQL
     onward up                           API + worker + relay + sweeper until SIGINT/SIGTERM
     onward worker [--lanes fast=64,io=16]   worker + relay + sweeper (no API)
     onward api [--host H --port P]      the HTTP API only
@@ -21,7 +24,8 @@
 Global options (before the command) override the environment: ``--app`` (ONWARD_APP: import
 your module first, see ``onward.userapp``), ``--database-url`` (ONWARD_DATABASE_URL; unset =
 embedded PostgreSQL), ``--queue`` (ONWARD_QUEUE), ``--org`` (ONWARD_ORG), ``--redis-url``
-(ONWARD_REDIS_URL), ``--data-dir`` (ONWARD_DATA_DIR).
+(ONWARD_REDIS_URL), ``--data-dir`` (ONWARD_DATA_DIR); below both, ``onward.toml`` in the working
+folder (:mod:`onward.init.project`).
 Listing and inspecting commands take ``--json``: the same bodies the HTTP API answers.
 
 Exit codes: 0 success; 1 a runtime failure (database unreachable, run not finished, migration
