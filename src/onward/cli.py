@@ -1,6 +1,9 @@
-"""The ``onward`` command line (B3).
+"""The ``onward`` command line.
 
-    onward demo                         everything in one process, on the embedded PostgreSQL
+    onward init [DIR] [--template T]    a working project of your own (onward.init)
+    onward demo [--keep]                everything in one process, on the embedded PostgreSQL
+    onward status [--json]              what runs: the embedded server, database, leaders, queue
+    onward stop                         stop the embedded PostgreSQL
     onward up                           API + worker + relay + sweeper until SIGINT/SIGTERM
     onward worker [--lanes fast=64,io=16]   worker + relay + sweeper (no API)
     onward api [--host H --port P]      the HTTP API only
@@ -21,7 +24,8 @@
 Global options (before the command) override the environment: ``--app`` (ONWARD_APP: import
 your module first, see ``onward.userapp``), ``--database-url`` (ONWARD_DATABASE_URL; unset =
 embedded PostgreSQL), ``--queue`` (ONWARD_QUEUE), ``--org`` (ONWARD_ORG), ``--redis-url``
-(ONWARD_REDIS_URL), ``--data-dir`` (ONWARD_DATA_DIR).
+(ONWARD_REDIS_URL), ``--data-dir`` (ONWARD_DATA_DIR); below both, ``onward.toml`` in the working
+folder (:mod:`onward.init.project`).
 Listing and inspecting commands take ``--json``: the same bodies the HTTP API answers.
 
 Exit codes: 0 success; 1 a runtime failure (database unreachable, run not finished, migration
@@ -50,6 +54,8 @@ import typer
 from onward.cli_schedules import schedules_app
 from onward.config import QUEUES, Settings
 from onward.errors import InvalidAutomation, InvalidInput, OnwardError
+from onward.init.project import Connection as ProjectConnection
+from onward.init.project import read_project
 from onward.userapp import Document, UserApp, load_app
 
 if TYPE_CHECKING:
@@ -63,7 +69,8 @@ log = logging.getLogger("onward.cli")
 app = typer.Typer(
     name="onward",
     help="onward: a durable workflow engine. PostgreSQL stores what happened and what must "
-    "happen next; a queue only wakes workers.",
+    "happen next; a queue only wakes workers."
+    "\n\n\b\nExample:\n    onward --app hello_app:app up",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -139,6 +146,8 @@ class Globals:
         self.user_app = user_app
         self.log_level, self.log_levels = log_level, log_levels
         self.overrides = overrides
+        #: the connections ``onward.toml`` declares (connected when the app is published)
+        self.connections: list[ProjectConnection] = []
 
     def settings(self, **extra: Any) -> Settings:
         overrides = {**self.overrides, **extra}
@@ -199,17 +208,22 @@ def _globals(
     log_levels: LogLevelsOpt = None,
 ) -> None:
     _configure_logs(log_level, log_levels)
+    # onward.toml in this folder: below the flags and ONWARD_* variables, above the defaults
+    project = read_project()
+    given = project.settings
+    app_spec = app_spec or given.get("app")
     user_app = load_app(app_spec) if app_spec else None
     ctx.obj = Globals(
         user_app,
         log_level=log_level,
         log_levels=log_levels,
-        database_url=database_url,
-        queue=queue,
-        org_id=org,
-        redis_url=redis_url,
-        data_dir=data_dir,
+        database_url=database_url or given.get("database_url"),
+        queue=queue or given.get("queue"),
+        org_id=org or given.get("org"),
+        redis_url=redis_url or given.get("redis_url"),
+        data_dir=data_dir or given.get("data_dir"),
     )
+    ctx.obj.connections = project.connections
 
 
 def _settings(ctx: typer.Context, **extra: Any) -> Settings:
@@ -371,7 +385,12 @@ def migrate(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Apply pending database migrations (or list them, or verify them)."""
+    """Apply pending database migrations (or list them, or verify them).
+
+    \b
+    Example:
+        onward migrate --status
+    """
     from onward.db import migrate as migrations
     from onward.db import resolve_url
 
@@ -458,6 +477,26 @@ async def _publish_documents(
     return await engine.publish_all(documents)
 
 
+def _connections(ctx: typer.Context) -> list[ProjectConnection]:
+    globals_: Globals = ctx.obj
+    return globals_.connections
+
+
+async def _connect(engine: Engine, connections: Sequence[ProjectConnection]) -> None:
+    """Add the connections ``onward.toml`` declares (or replace their credentials)."""
+    for c in connections:
+        await engine.integrations.add_connection(
+            engine.org_id,
+            c.connection_id,
+            provider=c.provider,
+            base_url=c.base_url,
+            account=c.account,
+            secret=c.secret,
+            actor=cli_actor(),
+        )
+        _progress(f"connected {c.connection_id} ({c.provider}, from onward.toml)")
+
+
 @app.command()
 def publish(
     ctx: typer.Context,
@@ -471,12 +510,19 @@ def publish(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Publish automations as new immutable versions ("unchanged" if identical)."""
+    """Publish automations as new immutable versions ("unchanged" if identical).
+
+    \b
+    Example:
+        onward --app welcome_app publish flows/
+    """
     documents = _documents(ctx, target)
 
     async def go() -> list[Published]:
         async with _open(_settings(ctx)) as engine:
-            return await _publish_documents(engine, documents)
+            published = await _publish_documents(engine, documents)
+            await _connect(engine, _connections(ctx))
+            return published
 
     published = _run(go())
     single = target is not None and not target.is_dir()
@@ -515,7 +561,12 @@ def start(
     """Start a run. A second start with the same key is a duplicate: the same run, not an error.
 
     Start key: --key, else --event-id, else a hash of the payload (weaker: identical payloads
-    collapse into one run)."""
+    collapse into one run).
+
+    \b
+    Example:
+        onward start welcome --payload '{"name": "Maya"}' --event-id evt_7Hq2
+    """
     from onward.api.models import StartAnswer
     from onward.start import start_key_for
 
@@ -545,7 +596,8 @@ def start(
 
 runs_app = typer.Typer(
     name="runs",
-    help="List runs, newest first; `onward runs migrate` moves runs between versions.",
+    help="List runs, newest first; `onward runs migrate` moves runs between versions."
+    "\n\n\b\nExample:\n    onward runs --status completed --limit 10",
     invoke_without_command=True,
 )
 app.add_typer(runs_app)  # onward runs [--status S ...] | onward runs migrate ...
@@ -559,7 +611,12 @@ def runs(
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first.
+
+    \b
+    Example:
+        onward runs --status parked --automation welcome
+    """
     if ctx.invoked_subcommand is not None:
         return
     from onward.api.models import RunSummary
@@ -590,7 +647,12 @@ def show(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="a run id")],
     as_json: JsonOpt = False,
 ) -> None:
-    """One run on one screen: every transition in order (R17)."""
+    """One run on one screen: every transition in order.
+
+    \b
+    Example:
+        onward show run_01a2342e4f04fd923c735242
+    """
     from onward.api.models import RunView
     from onward.history import render_timeline
 
@@ -636,6 +698,7 @@ async def _serve(
     relay: bool = True,
     sweeper: bool = True,
     documents: Sequence[tuple[str, Document]] = (),
+    connections: Sequence[ProjectConnection] = (),
     metrics_host: str = "127.0.0.1",
     api_sock: socket.socket | None = None,
     parent_pid: int | None = None,
@@ -659,6 +722,8 @@ async def _serve(
             published = await _publish_documents(engine, list(documents))
             for p, (source, _) in zip(published, documents, strict=True):
                 log.info("%s  (%s)", _published_line(p), source)
+        if connections:
+            await _connect(engine, connections)
         stop = asyncio.Event()
         api: ApiServer | None = None  # imported only when served: a worker never loads FastAPI
         svc = None
@@ -675,7 +740,9 @@ async def _serve(
             )
             await api.start()
             waiters.append(asyncio.ensure_future(api.wait_closed()))
-            log.info("API on %s (OpenAPI at %s/docs)", api.url, api.url)
+            log.info(
+                "API on %s (OpenAPI at %s/docs; the console at %s/)", api.url, api.url, api.url
+            )
             if not await _has_live_key(engine):
                 log.info(
                     "organisation %s has no API key yet: every route but /healthz needs one "
@@ -804,7 +871,12 @@ def up(
 
     With ``--app MODULE:ATTR`` it first publishes the app's automations (unchanged when
     identical). Logs: JSON lines on stderr (console format on a terminal), every line of a
-    step with its org, run, step, attempt and worker."""
+    step with its org, run, step, attempt and worker.
+
+    \b
+    Example:
+        onward --app hello_app:app up --port 8080
+    """
     _reconfigure_logs(ctx, log_level, log_levels)
     _run(
         _serve(
@@ -813,6 +885,7 @@ def up(
             background=True,
             lanes=_parse_lanes(lanes),
             documents=_app_automations(ctx),
+            connections=_connections(ctx),
         )
     )
 
@@ -847,7 +920,12 @@ def worker(
     and releases the rest. The relay and sweeper run here too unless turned off: any number
     of processes may run them (the relay shares rows with SKIP LOCKED, one sweeper is
     elected). Logs: JSON lines on stderr (console format on a terminal), every line of a
-    step with its org, run, step, attempt and worker."""
+    step with its org, run, step, attempt and worker.
+
+    \b
+    Example:
+        onward --app hello_app worker --lanes fast=64,io=16
+    """
     _reconfigure_logs(ctx, log_level, log_levels)
     _run(
         _serve(
@@ -881,7 +959,12 @@ def api(
     """The HTTP API only (webhooks, publish, runs), until SIGINT/SIGTERM.
 
     With ``--workers N`` the port is bound once and N processes serve it (a Python process
-    uses one core: N up to the cores the API may have)."""
+    uses one core: N up to the cores the API may have).
+
+    \b
+    Example:
+        onward api --host 0.0.0.0 --port 8080 --workers 2
+    """
     settings = _settings(ctx)
     if workers == 1:
         _run(_serve(settings, api_at=(host, port), background=False))
@@ -900,44 +983,84 @@ def demo(
             "--payload", "-p", help='the webhook body: JSON, @file or @- (default {"name": "Maya"})'
         ),
     ] = None,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep", help="leave the embedded PostgreSQL running at the end (`onward stop`)"
+        ),
+    ] = False,
 ) -> None:
     """Publish an example automation, deliver its webhook twice, run it, show its timeline.
 
     With ``--app MODULE:ATTR`` the example is yours: every automation of the app is published
     and the first one is run. Needs nothing installed: without a database URL it starts the
-    embedded PostgreSQL."""
+    embedded PostgreSQL, and stops it at the end unless ``--keep`` (one that was already
+    running is left running). Its last line says what is left running.
+
+    \b
+    Example:
+        onward demo --keep
+    """
+    from onward.db.embedded import is_running
     from onward.demo import run_demo
 
-    result = _run(
-        run_demo(
-            _settings(ctx),
-            out=typer.echo,
-            documents=_app_automations(ctx) or None,
-            payload=_parse_payload(payload) if payload is not None else None,
+    settings = _settings(ctx)
+    embedded = settings.database_url is None
+    was_running = embedded and is_running(settings.data_dir)
+    try:
+        result = _run(
+            run_demo(
+                settings,
+                out=typer.echo,
+                documents=_app_automations(ctx) or None,
+                payload=_parse_payload(payload) if payload is not None else None,
+                prepare=lambda engine: _connect(engine, _connections(ctx)),
+            )
         )
-    )
+    finally:
+        typer.echo(_demo_leaves(settings, embedded=embedded, was_running=was_running, keep=keep))
     if result.status != "completed":
         raise typer.Exit(1)
 
 
+def _stop_command(data_dir: str) -> str:
+    """The ``onward stop`` that stops the server of ``data_dir`` from this folder."""
+    from onward.db.embedded import default_data_dir
+
+    same = Path(data_dir).resolve() == Path(default_data_dir()).resolve()
+    return "onward stop" if same else f"onward --data-dir {data_dir} stop"
+
+
+def _demo_leaves(settings: Settings, *, embedded: bool, was_running: bool, keep: bool) -> str:
+    """Stop the embedded server the demo started, unless kept; say what is left running."""
+    from onward.db.embedded import server_info, stop_server
+
+    if not embedded:
+        return "nothing left running: the demo's API, worker and sandbox stopped with it"
+    info = server_info(settings.data_dir)
+    if info is None or not info.running:
+        return "nothing left running"
+    where = f"the embedded PostgreSQL in {info.folder} (pid {info.pid})"
+    stop = _stop_command(settings.data_dir)
+    if was_running:
+        return f"left running: {where}, as it was before the demo; `{stop}` stops it"
+    if keep:
+        return f"left running (--keep): {where}; `{stop}` stops it"
+    stop_server(settings.data_dir)
+    return f"stopped {where}, which the demo started; nothing left running"
+
+
 @app.command()
 def sandbox(ctx: typer.Context, host: HostOpt = "127.0.0.1", port: PortOpt = 8099) -> None:
-    """Serve the fake providers (email, CRM, model, payment, Slack) with fault knobs."""
+    """Serve the fake providers (email, CRM, model, payment, Slack) with fault knobs.
+
+    \b
+    Example:
+        onward sandbox --port 8099
+    """
     from onward.sandbox import serve
 
     serve(host, port)
-
-
-@app.command("stop-embedded")
-def stop_embedded(ctx: typer.Context) -> None:
-    """Stop the embedded PostgreSQL of --data-dir (it outlives the processes that use it)."""
-    from onward.db.embedded import stop_server
-
-    data_dir = _settings(ctx).data_dir
-    if stop_server(data_dir):
-        typer.echo(f"stopped the embedded PostgreSQL in {data_dir}")
-    else:
-        typer.echo(f"no embedded PostgreSQL runs in {data_dir}")
 
 
 # -- operations ------------------------------------------------------------------------------
@@ -949,7 +1072,12 @@ def doctor(
     as_json: JsonOpt = False,
     grace: Annotated[float, typer.Option(help="seconds before a lag counts as unhealthy")] = 300.0,
 ) -> None:
-    """The silent-failure checks (R16); exits 1 when any is unhealthy."""
+    """The silent-failure checks; exits 1 when any is unhealthy.
+
+    \b
+    Example:
+        onward doctor --json
+    """
     from onward.doctor import render, run_checks
 
     async def go() -> Any:
@@ -996,6 +1124,10 @@ def bench(
 
     Each bench module exposes ``run(database_url, *, quick, **options) -> dict`` and
     ``render(result) -> str``; options it does not take are not passed.
+
+    \b
+    Example:
+        onward bench latency --quick
     """
     import importlib
     import inspect
@@ -1029,7 +1161,12 @@ def chaos(
 ) -> None:
     """Kill real workers at every crash point while runs flow; print what survived (exit 1 on
     any lost run, double transition -- a double decision, a signal consumed twice -- or
-    duplicate effect at an idempotent provider)."""
+    duplicate effect at an idempotent provider).
+
+    \b
+    Example:
+        onward chaos --runs 60 --kills 1
+    """
     from onward.chaos import run_chaos
 
     # Progress goes to stderr: stdout holds only the report (only JSON with --json).
@@ -1048,9 +1185,11 @@ from onward import (  # noqa: E402  (uses the helpers above)
     cli_actions,
     cli_cancel,
     cli_flow,
+    cli_init,
     cli_keys,
     cli_migrate,
     cli_people,
+    cli_status,
 )
 from onward.cli_audit import audit as audit_command  # noqa: E402  (uses the helpers above)
 from onward.cli_contacts import contacts_app  # noqa: E402  (uses the helpers above)
@@ -1084,6 +1223,10 @@ app.add_typer(hooks_app)  # onward hooks secret add|list|remove
 cli_keys.register(keys_app)
 app.add_typer(keys_app)  # onward keys create|list|revoke|new-key|rotate-secrets
 app.command("audit")(audit_command)  # onward audit [--action A] [--since T] [--json]
+app.command()(cli_init.init)  # onward init [DIR] [--template T] [--force]
+app.command()(cli_status.status)  # onward status [--json]
+app.command()(cli_status.stop)  # onward stop
+app.command("stop-embedded", hidden=True)(cli_status.stop)  # the old name of `onward stop`
 
 # -- entry point -----------------------------------------------------------------------------
 

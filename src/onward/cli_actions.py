@@ -35,7 +35,8 @@ RunArg = Annotated[str, typer.Argument(help="the run id")]
 
 review_app = typer.Typer(
     name="review",
-    help="Runs parked for review: an outside call whose outcome the engine could not settle.",
+    help="Runs parked for review: an outside call whose outcome the engine could not settle."
+    "\n\n\b\nExample:\n    onward review resolve run_01a2342e4f04fd923c735242 --retry",
     no_args_is_help=True,
 )
 
@@ -90,7 +91,12 @@ def resolve(
     by: ByOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Resolve the review RUN is parked for: --happened --reference REF, --retry or --skip."""
+    """Resolve the review RUN is parked for: --happened --reference REF, --retry or --skip.
+
+    \b
+    Example:
+        onward review resolve run_01a2342e4f04fd923c735242 --happened --reference ch_3Pq
+    """
     chosen = [how for how, on in (("happened", happened), ("retry", retry), ("skip", skip)) if on]
     if len(chosen) != 1:
         raise InvalidInput("say how, once: --happened --reference REF, --retry or --skip")
@@ -112,7 +118,12 @@ def resolve(
 
 def resume(ctx: typer.Context, run: RunArg, by: ByOpt = None, as_json: JsonOpt = False) -> None:
     """Resume a parked run: its step is ready again (a reconnect only once the connection is
-    restored, a circuit only once it is closed; a review is resolved instead)."""
+    restored, a circuit only once it is closed; a review is resolved instead).
+
+    \b
+    Example:
+        onward resume run_01a2342e4f04fd923c735242 --by sam
+    """
     who = _who(by)
     answer = _engine_call(ctx, lambda engine: engine.resume(run, by=who))
     _done(
@@ -137,7 +148,12 @@ def fork(
     as_json: JsonOpt = False,
 ) -> None:
     """Retry a failed, cancelled or exceeded run from a step, as a new run linked to it (the
-    steps before it are not run again). Asking twice answers the first fork."""
+    steps before it are not run again). Asking twice answers the first fork.
+
+    \b
+    Example:
+        onward fork run_01a2342e4f04fd923c735242 --from-step send
+    """
     who = _who(by)
     forked = _engine_call(
         ctx, lambda engine: engine.fork(run, by=who, from_step=from_step, version=version)

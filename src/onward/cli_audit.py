@@ -30,7 +30,12 @@ def audit(
     limit: Annotated[int, typer.Option("--limit", help="at most this many rows (1..500)")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Who changed what in this organisation, and when: newest first."""
+    """Who changed what in this organisation, and when: newest first.
+
+    \b
+    Example:
+        onward audit --action cancel --since 2025-01-01T00:00:00Z
+    """
     from onward.cli import _open, _print_json, _run, _settings
 
     if since is not None:

@@ -20,7 +20,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 operations_app = typer.Typer(
     name="operations",
-    help="Bulk operations over many runs (cancel, migrate): list, show, resume.",
+    help="Bulk operations over many runs (cancel, migrate): list, show, resume."
+    "\n\n\b\nExample:\n    onward operations list",
     invoke_without_command=True,
 )
 
@@ -85,7 +86,12 @@ def cancel(
 ) -> None:
     """Cancel runs: the RUN ids given, or every unfinished run a filter names (in batches,
     with progress). A waiting, parked or ready run is cancelled at once; one with a step in
-    flight stops at its next safe point. Idempotent: each run's outcome is printed."""
+    flight stops at its next safe point. Idempotent: each run's outcome is printed.
+
+    \b
+    Example:
+        onward cancel --automation welcome --status waiting --reason 'campaign over'
+    """
     from onward.cli import UsageProblem, _print_json
 
     filters: dict[str, Any] = {
@@ -128,14 +134,24 @@ def cancel(
 @operations_app.callback()
 def operations(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """The newest bulk operations first (``list``), one (``show``), or continue one
-    (``resume``)."""
+    (``resume``).
+
+    \b
+    Example:
+        onward operations list
+    """
     if ctx.invoked_subcommand is None:
         list_operations(ctx, as_json=as_json)
 
 
 @operations_app.command("list")
 def list_operations(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """The newest bulk operations first."""
+    """The newest bulk operations first.
+
+    \b
+    Example:
+        onward operations list --json
+    """
     from onward.cli import _print_json
 
     rows = _call(ctx, lambda engine: engine.operations())
@@ -152,7 +168,12 @@ def list_operations(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def show_operation(
     ctx: typer.Context, operation_id: Annotated[str, typer.Argument()], as_json: JsonOpt = False
 ) -> None:
-    """One operation: its parameters and progress."""
+    """One operation: its parameters and progress.
+
+    \b
+    Example:
+        onward operations show op_01a2342e4f04
+    """
     from onward.cli import _print_json
 
     op = _call(ctx, lambda engine: engine.operation(operation_id))
@@ -168,7 +189,12 @@ def show_operation(
 def resume_operation(
     ctx: typer.Context, operation_id: Annotated[str, typer.Argument()], as_json: JsonOpt = False
 ) -> None:
-    """Continue an operation from its cursor (its driver died or was stopped)."""
+    """Continue an operation from its cursor (its driver died or was stopped).
+
+    \b
+    Example:
+        onward operations resume op_01a2342e4f04
+    """
     from onward.cli import _print_json
 
     op = _call(ctx, lambda engine: engine.resume_operation(operation_id, on_batch=_progress))

@@ -11,7 +11,12 @@ from typing import Annotated, Any
 import typer
 
 # No module-level import of onward.cli (see cli_timers.py): it imports this module.
-contacts_app = typer.Typer(name="contacts", help="Contacts: erase one (R14).", no_args_is_help=True)
+contacts_app = typer.Typer(
+    name="contacts",
+    help="Contacts: erase one (their personal data, in every run)."
+    "\n\n\b\nExample:\n    onward contacts erase c_81 --email maya@example.test",
+    no_args_is_help=True,
+)
 
 
 @contacts_app.command("erase")
@@ -26,7 +31,12 @@ def erase(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Cancel every run of CONTACT_ID, remove their data, suppress the contact (idempotent).
-    ``pending``: a run had a step in flight; the elected sweeper erases it once it stops."""
+    ``pending``: a run had a step in flight; the elected sweeper erases it once it stops.
+
+    \b
+    Example:
+        onward contacts erase c_81 --email maya@example.test
+    """
     from onward.cli import _open, _print_json, _run, _settings
 
     async def go() -> Any:

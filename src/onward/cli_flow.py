@@ -22,14 +22,20 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 limits_app = typer.Typer(
     name="limits",
-    help="Concurrency caps and rates by key (connection:<id>, provider:<name>, org).",
+    help="Concurrency caps and rates by key (connection:<id>, provider:<name>, org)."
+    "\n\n\b\nExample:\n    onward limits set provider:crm --concurrent 4",
     no_args_is_help=True,
 )
 circuits_app = typer.Typer(
-    name="circuits", help="Circuit breakers: their state and thresholds.", no_args_is_help=True
+    name="circuits",
+    help="Circuit breakers: their state and thresholds.\n\n\b\nExample:\n    onward circuits list",
+    no_args_is_help=True,
 )
 budgets_app = typer.Typer(
-    name="budgets", help="Cost budgets per day, in usd or tokens.", no_args_is_help=True
+    name="budgets",
+    help="Cost budgets per day, in usd or tokens."
+    "\n\n\b\nExample:\n    onward budgets set '*' --usd 25",
+    no_args_is_help=True,
 )
 
 
@@ -57,7 +63,12 @@ def _show(rows: list[dict[str, Any]], as_json: bool, line: Any, empty: str) -> N
 
 @limits_app.command("list")
 def list_limits(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Every key's limits, with the calls in progress now."""
+    """Every key's limits, with the calls in progress now.
+
+    \b
+    Example:
+        onward limits list
+    """
     rows = _call(ctx, lambda engine: engine.limits())
 
     def line(r: dict[str, Any]) -> str:
@@ -80,7 +91,12 @@ def set_limit(
     calls: Annotated[int | None, typer.Option("--calls")] = None,
     per: Annotated[float | None, typer.Option("--per", help="seconds (with --calls)")] = None,
 ) -> None:
-    """Cap the calls in progress at once and/or their rate (replacing what KEY had)."""
+    """Cap the calls in progress at once and/or their rate (replacing what KEY had).
+
+    \b
+    Example:
+        onward limits set connection:crm --concurrent 4 --calls 10 --per 1
+    """
     row = _call(
         ctx,
         lambda engine: engine.set_limit(
@@ -95,7 +111,12 @@ def set_limit(
 
 @limits_app.command("remove")
 def remove_limit(ctx: typer.Context, key: Annotated[str, typer.Argument()]) -> None:
-    """No limits for KEY any more."""
+    """No limits for KEY any more.
+
+    \b
+    Example:
+        onward limits remove connection:crm
+    """
     if not _call(ctx, lambda engine: engine.remove_limit(key)):
         raise InvalidInput(f"no limits for {key}")
     typer.echo(f"removed the limits of {key}")
@@ -103,7 +124,12 @@ def remove_limit(ctx: typer.Context, key: Annotated[str, typer.Argument()]) -> N
 
 @circuits_app.command("list")
 def list_circuits(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Every circuit: state, failures in its window, steps parked on it."""
+    """Every circuit: state, failures in its window, steps parked on it.
+
+    \b
+    Example:
+        onward circuits list
+    """
     rows = _call(ctx, lambda engine: engine.circuits())
 
     def line(r: dict[str, Any]) -> str:
@@ -125,7 +151,12 @@ def set_circuit(
     window: Annotated[float, typer.Option("--window", help="seconds")] = 30.0,
     cooldown: Annotated[float, typer.Option("--cooldown", help="seconds")] = 30.0,
 ) -> None:
-    """When KEY's circuit opens, and how long it stays open before one probe."""
+    """When KEY's circuit opens, and how long it stays open before one probe.
+
+    \b
+    Example:
+        onward circuits set provider:model --threshold 5 --window 30 --cooldown 30
+    """
     row = _call(
         ctx,
         lambda engine: engine.configure_circuit(
@@ -140,7 +171,12 @@ def set_circuit(
 
 @budgets_app.command("list")
 def list_budgets(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Every budget with today's charges, live reservations and parked steps."""
+    """Every budget with today's charges, live reservations and parked steps.
+
+    \b
+    Example:
+        onward budgets list
+    """
     rows = _call(ctx, lambda engine: engine.budgets())
     _show(
         rows,
@@ -160,7 +196,12 @@ def set_budget(
     usd: Annotated[float | None, typer.Option("--usd")] = None,
     tokens: Annotated[float | None, typer.Option("--tokens")] = None,
 ) -> None:
-    """A budget per day (UTC); the steps parked on budgets resume and check again."""
+    """A budget per day (UTC); the steps parked on budgets resume and check again.
+
+    \b
+    Example:
+        onward budgets set '*' --usd 25
+    """
     if (usd is None) == (tokens is None):
         raise InvalidInput("give --usd or --tokens (one of them)")
     unit, amount = ("usd", usd) if usd is not None else ("tokens", tokens)
@@ -169,7 +210,12 @@ def set_budget(
 
 
 def lanes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """The lanes this engine's workers serve: capacity, lease, retry policy."""
+    """The lanes this engine's workers serve: capacity, lease, retry policy.
+
+    \b
+    Example:
+        onward lanes --json
+    """
     from onward.cli import _print_json, _settings
     from onward.lanes import describe
 

@@ -19,11 +19,15 @@ from onward.errors import InvalidInput
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (stable keys)")]
 
 hooks_app = typer.Typer(
-    name="hooks", help="Webhook endpoints: the signatures they require.", no_args_is_help=True
+    name="hooks",
+    help="Webhook endpoints: the signatures they require."
+    "\n\n\b\nExample:\n    onward hooks secret add welcome",
+    no_args_is_help=True,
 )
 secret_app = typer.Typer(
     name="secret",
-    help="Standard Webhooks secrets per automation (several at once: rotation).",
+    help="Standard Webhooks secrets per automation (several at once: rotation)."
+    "\n\n\b\nExample:\n    onward hooks secret list welcome",
     no_args_is_help=True,
 )
 hooks_app.add_typer(secret_app)
@@ -48,7 +52,12 @@ def add(
     ] = None,
 ) -> None:
     """Require the signature on POST /v1/hooks/AUTOMATION_ID with one more secret (the others
-    stay valid until removed)."""
+    stay valid until removed).
+
+    \b
+    Example:
+        onward hooks secret add welcome
+    """
     row = _call(ctx, lambda engine: engine.add_hook_secret(automation_id, secret))
     typer.echo(f"{row['automation_id']}: secret {row['secret_id']} added")
     if secret is None:
@@ -61,7 +70,12 @@ def list_secrets(
     automation_id: Annotated[str | None, typer.Argument(help="default: every automation")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The secrets' ids and when each was added (never the secrets)."""
+    """The secrets' ids and when each was added (never the secrets).
+
+    \b
+    Example:
+        onward hooks secret list welcome
+    """
     from onward.cli import _print_json
 
     rows = _call(ctx, lambda engine: engine.hook_secrets(automation_id))
@@ -80,7 +94,12 @@ def remove(
     automation_id: Annotated[str, typer.Argument()],
     secret_id: Annotated[str, typer.Argument()],
 ) -> None:
-    """Refuse requests signed with this secret from now on."""
+    """Refuse requests signed with this secret from now on.
+
+    \b
+    Example:
+        onward hooks secret remove welcome 2
+    """
     if not _call(ctx, lambda engine: engine.remove_hook_secret(automation_id, secret_id)):
         raise InvalidInput(f"no secret {secret_id!r} on {automation_id!r}")
     typer.echo(f"removed {secret_id} from {automation_id}")

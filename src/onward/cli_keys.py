@@ -42,7 +42,12 @@ def create(
     as_json: JsonOpt = False,
 ) -> None:
     """Make an API key of this organisation (--org) and print it: the only time it is shown
-    (only its hash is kept)."""
+    (only its hash is kept).
+
+    \b
+    Example:
+        onward --org acme keys create ci --scope runs:write --scope runs:read
+    """
     from onward.cli import _print_json
 
     row, key = _call(ctx, lambda engine: engine.create_key(name, scope))
@@ -54,7 +59,12 @@ def create(
 
 
 def list_keys(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """This organisation's API keys, live and revoked (never a key)."""
+    """This organisation's API keys, live and revoked (never a key).
+
+    \b
+    Example:
+        onward --org acme keys list
+    """
     from onward.cli import _print_json
 
     rows = _call(ctx, lambda engine: engine.keys())
@@ -76,7 +86,12 @@ def revoke(
     ctx: typer.Context,
     key_id: Annotated[str, typer.Argument(help="the key's id (as `keys list` shows it)")],
 ) -> None:
-    """Revoke an API key: it authenticates nothing from now on."""
+    """Revoke an API key: it authenticates nothing from now on.
+
+    \b
+    Example:
+        onward --org acme keys revoke 3f2a9c0d1e4b5a6c
+    """
     if _call(ctx, lambda engine: engine.revoke_key(key_id)) is None:
         raise InvalidInput(f"no live key {key_id!r} in this organisation")
     typer.echo(f"revoked {key_id}")

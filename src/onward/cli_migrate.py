@@ -44,7 +44,12 @@ def migrate_runs(
     by: Annotated[str, typer.Option("--by", help="who asks (in each run's history)")] = "cli",
     as_json: JsonOpt = False,
 ) -> None:
-    """Move the unfinished runs of one version to another, in batches."""
+    """Move the unfinished runs of one version to another, in batches.
+
+    \b
+    Example:
+        onward runs migrate --automation welcome --from 3 --to 4 --dry-run
+    """
     from onward.cli import _open, _print_json, _progress, _run, _settings
     from onward.run_migrations import parse_map
 

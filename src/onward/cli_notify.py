@@ -23,7 +23,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 notifications_app = typer.Typer(
     name="notifications",
-    help="Where the organisation's notifications go, and whether they arrived.",
+    help="Where the organisation's notifications go, and whether they arrived."
+    "\n\n\b\nExample:\n    onward notifications list",
     no_args_is_help=True,
 )
 
@@ -52,7 +53,12 @@ def set_destination(
     to: Annotated[str | None, typer.Option("--to", help="with --email: the address")] = None,
 ) -> None:
     """Send notifications to a webhook, a Slack channel or an email address (replacing what
-    DESTINATION_ID was); notifications still undelivered go there too."""
+    DESTINATION_ID was); notifications still undelivered go there too.
+
+    \b
+    Example:
+        onward notifications set ops --webhook https://ops.acme.test/onward
+    """
     chosen = [
         name for name, value in (("webhook", webhook), ("slack", slack), ("email", email)) if value
     ]
@@ -84,7 +90,12 @@ def set_destination(
 
 @notifications_app.command("destinations")
 def list_destinations(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Where the organisation's notifications go."""
+    """Where the organisation's notifications go.
+
+    \b
+    Example:
+        onward notifications destinations
+    """
     from onward.cli import _print_json
 
     rows = _call(ctx, lambda engine: engine.notification_destinations())
@@ -104,7 +115,12 @@ def list_destinations(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def remove_destination(
     ctx: typer.Context, destination_id: Annotated[str, typer.Argument()]
 ) -> None:
-    """Stop sending there."""
+    """Stop sending there.
+
+    \b
+    Example:
+        onward notifications remove ops
+    """
     if not _call(ctx, lambda engine: engine.remove_notification_destination(destination_id)):
         raise InvalidInput(f"no destination {destination_id!r}")
     typer.echo(f"removed {destination_id}")
@@ -119,7 +135,12 @@ def list_notifications(
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """Notifications, newest first, with each destination's delivery state."""
+    """Notifications, newest first, with each destination's delivery state.
+
+    \b
+    Example:
+        onward notifications list --json
+    """
     from onward.cli import _print_json
 
     rows = _call(ctx, lambda engine: engine.notifications(undelivered=undelivered, limit=limit))
@@ -153,6 +174,11 @@ def retry(
         int | None, typer.Argument(help="default: every undelivered one")
     ] = None,
 ) -> None:
-    """Deliver failed (or backing-off) notifications now, with a new round of attempts."""
+    """Deliver failed (or backing-off) notifications now, with a new round of attempts.
+
+    \b
+    Example:
+        onward notifications retry
+    """
     rows = _call(ctx, lambda engine: engine.retry_notifications(notification_id))
     typer.echo(f"{len(rows)} deliveries due now")

@@ -20,7 +20,8 @@ Entries = Annotated[
 
 outbound_app = typer.Typer(
     name="outbound",
-    help="The allow-list of non-public addresses outbound HTTP may reach.",
+    help="The allow-list of non-public addresses outbound HTTP may reach."
+    "\n\n\b\nExample:\n    onward outbound allow 127.0.0.1:8099",
     no_args_is_help=True,
 )
 
@@ -47,17 +48,32 @@ def _show(view: dict[str, list[str]], as_json: bool) -> None:
 
 @outbound_app.command("show")
 def show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """The engine's and this organisation's allow-list entries."""
+    """The engine's and this organisation's allow-list entries.
+
+    \b
+    Example:
+        onward outbound show
+    """
     _show(_call(ctx, lambda engine: engine.outbound_allow()), as_json)
 
 
 @outbound_app.command("allow")
 def allow(ctx: typer.Context, entries: Entries, as_json: JsonOpt = False) -> None:
-    """Add entries to this organisation's allow-list (all or none)."""
+    """Add entries to this organisation's allow-list (all or none).
+
+    \b
+    Example:
+        onward outbound allow 127.0.0.1:8099
+    """
     _show(_call(ctx, lambda engine: engine.allow_outbound(entries)), as_json)
 
 
 @outbound_app.command("disallow")
 def disallow(ctx: typer.Context, entries: Entries, as_json: JsonOpt = False) -> None:
-    """Remove entries from this organisation's allow-list."""
+    """Remove entries from this organisation's allow-list.
+
+    \b
+    Example:
+        onward outbound disallow 127.0.0.1:8099
+    """
     _show(_call(ctx, lambda engine: engine.disallow_outbound(entries)), as_json)

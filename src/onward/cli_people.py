@@ -22,11 +22,15 @@ from onward.errors import InvalidInput
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (stable keys)")]
 
 approvals_app = typer.Typer(
-    name="approvals", help="Requests for a decision: list them, decide one.", no_args_is_help=True
+    name="approvals",
+    help="Requests for a decision: list them, decide one."
+    "\n\n\b\nExample:\n    onward approvals list --status pending",
+    no_args_is_help=True,
 )
 approvers_app = typer.Typer(
     name="approvers",
-    help="Who may decide (checked when the button is pressed).",
+    help="Who may decide (checked when the button is pressed)."
+    "\n\n\b\nExample:\n    onward approvers grant U_SAM",
     no_args_is_help=True,
 )
 
@@ -55,7 +59,12 @@ def signal(
     as_json: JsonOpt = False,
 ) -> None:
     """Deliver a signal: stored once by its id, consumed at once if a step of its run waits on
-    it, else kept until one does. Refused (exit 2, and recorded) if the run has finished."""
+    it, else kept until one does. Refused (exit 2, and recorded) if the run has finished.
+
+    \b
+    Example:
+        onward signal reply --id evt_91 --key email:msg_4f2a --payload '{"text": "yes"}'
+    """
     from onward.cli import _parse_payload, _print_json
 
     if (run is None) == (key is None):
@@ -85,7 +94,12 @@ def signals(
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """Signals, newest first."""
+    """Signals, newest first.
+
+    \b
+    Example:
+        onward signals --unrouted
+    """
     from onward.cli import _print_json
 
     rows = _engine_call(
@@ -114,7 +128,12 @@ def list_approvals(
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """Requests for a decision, newest first."""
+    """Requests for a decision, newest first.
+
+    \b
+    Example:
+        onward approvals list --status pending
+    """
     from onward.cli import _print_json
 
     rows = _engine_call(
@@ -141,7 +160,12 @@ def decide(
     user: Annotated[str, typer.Option("--as", help="who decides (an approver id)")],
 ) -> None:
     """Decide a request (the first decision wins, whatever the channel). Refused (exit 2)
-    when it expired, USER may not decide, the content changed, or it was decided already."""
+    when it expired, USER may not decide, the content changed, or it was decided already.
+
+    \b
+    Example:
+        onward approvals decide RUN/approve/1/1 approve --as U_SAM
+    """
     if decision not in ("approve", "reject"):
         raise InvalidInput(f"decision: approve or reject, not {decision!r}")
     got = _engine_call(ctx, lambda engine: engine.decide(approval_id, decision, user=user))
@@ -155,7 +179,12 @@ ScopeOpt = Annotated[
 
 @approvers_app.command("list")
 def list_approvers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Every grant, live and revoked."""
+    """Every grant, live and revoked.
+
+    \b
+    Example:
+        onward approvers list
+    """
     from onward.cli import _print_json
 
     rows = _engine_call(ctx, lambda engine: engine.approvers())
@@ -175,7 +204,12 @@ def grant(
     approver: Annotated[str, typer.Argument(help="e.g. a Slack user id, U0123")],
     automation: ScopeOpt = "*",
 ) -> None:
-    """Let APPROVER decide."""
+    """Let APPROVER decide.
+
+    \b
+    Example:
+        onward approvers grant U_SAM --automation demo-follow-up
+    """
     row = _engine_call(
         ctx, lambda engine: engine.grant_approver(approver, automation_id=automation)
     )
@@ -188,7 +222,12 @@ def revoke(
     approver: Annotated[str, typer.Argument()],
     automation: ScopeOpt = "*",
 ) -> None:
-    """Take the permission away: a click after this is refused."""
+    """Take the permission away: a click after this is refused.
+
+    \b
+    Example:
+        onward approvers revoke U_SAM
+    """
     row = _engine_call(
         ctx, lambda engine: engine.revoke_approver(approver, automation_id=automation)
     )

@@ -21,7 +21,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 retention_app = typer.Typer(
     name="retention",
-    help="How long finished runs are kept; prune them now.",
+    help="How long finished runs are kept; prune them now."
+    "\n\n\b\nExample:\n    onward retention set --days 90",
     no_args_is_help=True,
 )
 
@@ -49,7 +50,12 @@ def _describe(v: dict[str, Any]) -> str:
 
 @retention_app.command("show")
 def show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """The retention in force, where it comes from, and the oldest finished run."""
+    """The retention in force, where it comes from, and the oldest finished run.
+
+    \b
+    Example:
+        onward retention show
+    """
     from onward.cli import _print_json
 
     view = _call(ctx, lambda engine: engine.retention())
@@ -71,7 +77,12 @@ def set_retention(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Set this organisation's retention: --days N, --keep-forever or --default."""
+    """Set this organisation's retention: --days N, --keep-forever or --default.
+
+    \b
+    Example:
+        onward retention set --days 90
+    """
     from onward.cli import _print_json
 
     if sum((days is not None, keep_forever, default)) != 1:
@@ -92,7 +103,12 @@ def prune(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete this organisation's finished runs past its retention now, in batches."""
+    """Delete this organisation's finished runs past its retention now, in batches.
+
+    \b
+    Example:
+        onward retention prune --dry-run
+    """
     from onward.cli import _print_json
 
     res = _call(ctx, lambda engine: engine.prune(dry_run=dry_run, max_runs=max_runs))

@@ -29,7 +29,8 @@ T = TypeVar("T")
 
 schedules_app = typer.Typer(
     name="schedules",
-    help="Schedules that start runs: list, pause, resume, trigger.",
+    help="Schedules that start runs: list, pause, resume, trigger."
+    "\n\n\b\nExample:\n    onward schedules list",
     no_args_is_help=True,
 )
 
@@ -98,7 +99,12 @@ def list_(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Every schedule: its rule, next firing, counters and last firing."""
+    """Every schedule: its rule, next firing, counters and last firing.
+
+    \b
+    Example:
+        onward schedules list --automation weekly-digest
+    """
     _check_ids(automation=automation)
     rows = _with_engine(ctx, lambda engine: engine.schedules(automation))
     if as_json:
@@ -118,7 +124,12 @@ def list_(
 def pause(
     ctx: typer.Context, automation: AutomationArg, schedule: ScheduleArg, as_json: JsonOpt = False
 ) -> None:
-    """Pause a schedule: it fires nothing until resumed."""
+    """Pause a schedule: it fires nothing until resumed.
+
+    \b
+    Example:
+        onward schedules pause weekly-digest monday
+    """
     _check_ids(AUTOMATION=automation, SCHEDULE=schedule)
     row = _with_engine(ctx, lambda engine: engine.pause_schedule(automation, schedule))
     if as_json:
@@ -142,7 +153,12 @@ def resume(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Resume a paused schedule."""
+    """Resume a paused schedule.
+
+    \b
+    Example:
+        onward schedules resume weekly-digest monday --catch-up
+    """
     _check_ids(AUTOMATION=automation, SCHEDULE=schedule)
     row = _with_engine(
         ctx, lambda engine: engine.resume_schedule(automation, schedule, catch_up=catch_up)
@@ -164,7 +180,12 @@ def trigger(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fire a schedule now, once (under its overlap policy)."""
+    """Fire a schedule now, once (under its overlap policy).
+
+    \b
+    Example:
+        onward schedules trigger weekly-digest monday --key 2027-w01
+    """
     from onward.schedules import MAX_TRIGGER_KEY
 
     _check_ids(AUTOMATION=automation, SCHEDULE=schedule)

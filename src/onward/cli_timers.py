@@ -23,7 +23,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 timers_app = typer.Typer(
     name="timers",
-    help="Calendar timers: preview a rule's next instants, recompute pending timers.",
+    help="Calendar timers: preview a rule's next instants, recompute pending timers."
+    "\n\n\b\nExample:\n    onward timers preview --rule '09:00 on weekdays' --zone Europe/Berlin",
     no_args_is_help=True,
 )
 
@@ -60,7 +61,12 @@ def preview(
     key: Annotated[str | None, typer.Option("--key", help="a run id: its exact offset")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The next instants of a rule in a zone: local and UTC, DST substitutions marked."""
+    """The next instants of a rule in a zone: local and UTC, DST substitutions marked.
+
+    \b
+    Example:
+        onward timers preview --rule '09:00 on weekdays' --zone Europe/Berlin
+    """
     from onward import calendar
     from onward.cli import _print_json
     from onward.durations import parse_duration
@@ -101,7 +107,12 @@ def recompute(
     as_json: JsonOpt = False,
 ) -> None:
     """Move pending calendar timers to what their rule and zone say now; each move is in its
-    run's history and the old wake does nothing."""
+    run's history and the old wake does nothing.
+
+    \b
+    Example:
+        onward timers recompute --contact c_81 --zone America/New_York
+    """
     from onward.cli import _open, _print_json, _run, _settings
 
     if every and any(v is not None for v in (run, contact, automation, step, zone, rule)):
@@ -142,7 +153,12 @@ def skip(
     as_json: JsonOpt = False,
 ) -> None:
     """Skip a waiting run's timer (a wait, or a signal's or approval's deadline): it fires now,
-    with a `timer_moved` row in the run's history."""
+    with a `timer_moved` row in the run's history.
+
+    \b
+    Example:
+        onward timers skip --run run_01a2342e4f04fd923c735242
+    """
     from onward.cli import _open, _print_json, _run, _settings
 
     async def go() -> Any:

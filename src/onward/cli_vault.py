@@ -17,7 +17,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (
 
 
 def new_key() -> None:
-    """Print a fresh key for ONWARD_SECRET_KEYS (id:key, the first one encrypts)."""
+    """Print a fresh key for ONWARD_SECRET_KEYS (id:key, the first one encrypts).
+
+    \b
+    Example:
+        onward keys new-key
+    """
     from onward import vault
 
     typer.echo(vault.new_key())
@@ -31,7 +36,12 @@ def rotate_secrets(
     """Re-encrypt every stored secret (connections, notification webhooks, the engine's own
     keys) of every organisation under the first key of ONWARD_SECRET_KEYS, in batches of
     --batch rows. Idempotent: run it again after an interruption. Afterwards an older key can
-    be removed from ONWARD_SECRET_KEYS."""
+    be removed from ONWARD_SECRET_KEYS.
+
+    \b
+    Example:
+        onward keys rotate-secrets
+    """
     from onward import vault
     from onward.cli import _open, _print_json, _run, _settings
     from onward.errors import InvalidInput
@@ -60,7 +70,8 @@ def register(app: typer.Typer) -> None:
 keys_app = typer.Typer(
     name="keys",
     help="API keys (create, list, revoke) and the keys that encrypt stored secrets "
-    "(new-key, rotate-secrets).",
+    "(new-key, rotate-secrets)."
+    "\n\n\b\nExample:\n    onward keys create ci --scope runs:write",
     no_args_is_help=True,
 )
 register(keys_app)

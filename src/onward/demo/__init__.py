@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -71,8 +71,10 @@ async def run_demo(
     timeout: float = 45.0,
     documents: list[tuple[str, dict[str, Any] | AutomationDoc]] | None = None,
     payload: dict[str, Any] | None = None,
+    prepare: Callable[[Engine], Awaitable[None]] | None = None,
 ) -> DemoResult:
-    """Run the demo end to end; ``out`` receives each line to show."""
+    """Run the demo end to end; ``out`` receives each line to show. ``prepare`` runs once the
+    automations are published (the CLI connects what ``onward.toml`` declares)."""
     from onward.api import ApiServer, create_app  # the API is only needed here
 
     began = time.monotonic()
@@ -94,6 +96,8 @@ async def run_demo(
             state = "new" if each.created else "unchanged"
             out(f"published {each.automation_id} version {each.version} ({state})")
         published = every[0]
+        if prepare is not None:
+            await prepare(engine)
 
         answers: list[tuple[int, dict[str, Any]]] = []
         key_row, key = await engine.create_key("demo", ["runs:write"], by="demo")
