@@ -10,8 +10,12 @@ command users run, in its own processes. One sitting, on a scratch database, no 
    delivery, often racing its original on another connection): each must be answered 2xx and
    one run made per event id. Requests/s, latency p50/p99 (wrk's own histogram), commits per
    request, CPU milliseconds per request of the API processes, of PostgreSQL and of wrk.
-2. **paced**: the same at about ``rate`` requests/s (wrk's ``delay()`` per connection), for
-   the latency a steady load sees.
+2. **paced**: the same requests at a fixed ``rate`` (500/s), open loop: request i is due at
+   ``t0 + i / rate`` whatever the answers before it, and its latency counts from that instant
+   (so a slow answer delays the requests queued behind it in the figure, as it does for a
+   caller). wrk's own pacing (``delay()``) sends nothing with a request built per call, so this
+   phase's client is a minimal HTTP/1.1 client on raw asyncio streams, in this process, at a
+   rate that costs it little; its CPU is reported.
 3. **ceiling**: pgbench's minimal start (run, first step and wake in one statement) with 16
    clients, on the same database in the same sitting.
 
@@ -20,6 +24,7 @@ The printed ratio is requests/s over the pgbench start ceiling.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -29,12 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 
+from onward.bench import median, percentile
 from onward.bench.ceiling import (
     cpu_delta,
     cpu_snapshot,
@@ -105,6 +112,93 @@ function done(summary, latency, requests)
     latency.max))
 end
 """
+
+
+async def _paced_load(
+    port: int, key: str, tag: str, rate: int, seconds: float, conns: int
+) -> tuple[list[float], list[int]]:
+    from onward.bench.start import _read_response
+
+    n = max(1, round(rate * seconds))
+    pool: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    for _ in range(conns):
+        pool.put_nowait(await asyncio.open_connection("127.0.0.1", port))
+    path = f"/v1/hooks/{AUTOMATION}"
+    requests = []
+    for i in range(n):
+        k = (i + 2) // 2  # every id twice, back to back
+        body = json.dumps({"i": k, "email": f"p{k}@example.com"}).encode()
+        requests.append(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+                f"X-Event-Id: {tag}-{k}\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body
+        )
+    latencies: list[float] = []
+    statuses: list[int] = []
+    loop = asyncio.get_running_loop()
+    t0 = loop.time() + 0.05
+
+    async def one(i: int) -> None:
+        due = t0 + i / rate
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        reader, writer = await pool.get()
+        writer.write(requests[i])
+        await writer.drain()
+        status, _ = await _read_response(reader)
+        latencies.append((loop.time() - due) * 1000)
+        statuses.append(status)
+        pool.put_nowait((reader, writer))
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    while not pool.empty():
+        _, writer = pool.get_nowait()
+        writer.close()
+    return latencies, statuses
+
+
+def _paced(
+    url: str, port: int, key: str, api_pids: list[int], *, tag: str, rate: int, seconds: float
+) -> dict[str, Any]:
+    cpu0, api0 = cpu_snapshot(), _cpu_s(api_pids)
+    me0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    lat, statuses = asyncio.run(_paced_load(port, key, tag, rate, seconds, conns=64))
+    elapsed = time.perf_counter() - t0
+    me1 = resource.getrusage(resource.RUSAGE_SELF)
+    api1, cpu1 = _cpu_s(api_pids), cpu_snapshot()
+    n = len(lat)
+    ids = (n + 1) // 2
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM runs WHERE org_id = %s AND start_key LIKE %s",
+            (ORG, f"{AUTOMATION}:{tag}-%"),
+        ).fetchone()
+    runs = int(row[0]) if row else 0
+    non_2xx = sum(1 for s in statuses if not 200 <= s < 300)
+    pg = cpu_delta(cpu0, cpu1)
+    client = (me1.ru_utime + me1.ru_stime) - (me0.ru_utime + me0.ru_stime)
+    return {
+        "requests": n,
+        "target_per_s": rate,
+        "elapsed_s": round(elapsed, 3),
+        "per_s": round(n / elapsed, 1) if elapsed > 0 else 0.0,
+        "latency_ms_p50": round(median(lat), 2),
+        "latency_ms_p90": round(percentile(lat, 90), 2),
+        "latency_ms_p99": round(percentile(lat, 99), 2),
+        "latency_ms_max": round(max(lat, default=0.0), 2),
+        "non_2xx": non_2xx,
+        "socket_errors": 0,
+        "ids_sent": ids,
+        "runs_in_database": runs,
+        "consistent": non_2xx == 0 and runs == ids,
+        "api_cpu_ms_per_request": round((api1 - api0) * 1000 / max(n, 1), 3),
+        "pg_cpu_ms_per_request": round(pg["pg_cpu_s"] * 1000 / max(n, 1), 3),
+        "client_cpu_ms_per_request": round(client * 1000 / max(n, 1), 3),
+        "machine_busy": pg["machine_busy"],
+    }
 
 
 def find_wrk() -> str | None:
@@ -234,14 +328,11 @@ def _wrk(
         key,
         path,
     ]
-    settle_stats()
-    db0, cpu0, api0 = db_counters(url), cpu_snapshot(), _cpu_s(api_pids)
+    cpu0, api0 = cpu_snapshot(), _cpu_s(api_pids)
     wrk0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     wrk1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     api1, cpu1 = _cpu_s(api_pids), cpu_snapshot()
-    settle_stats()
-    db1 = db_counters(url)
     os.unlink(script)
     line = next((x for x in done.stdout.splitlines() if x.startswith("{")), None)
     if done.returncode != 0 or line is None:
@@ -275,12 +366,32 @@ def _wrk(
         # every id answered made at most one run; ids whose requests were still in flight when
         # wrk stopped may or may not have one
         "consistent": int(w["non_2xx"]) == 0 and errors == 0 and runs <= int(w["ids_sent"]),
-        "commits_per_request": round(db_delta(db0, db1)["commits"] / n, 3),
         "api_cpu_ms_per_request": round((api1 - api0) * 1000 / n, 3),
         "pg_cpu_ms_per_request": round(pg["pg_cpu_s"] * 1000 / n, 3),
         "wrk_cpu_ms_per_request": round(wrk_cpu * 1000 / n, 3),
         "machine_busy": pg["machine_busy"],
     }
+
+
+def _phase(
+    url: str, workers: int, measure: Callable[[int, list[int]], dict[str, Any]]
+) -> dict[str, Any]:
+    """One phase against fresh API processes, charged the commits it caused: read after the
+    API stopped, since a connected backend holds its statistics for up to 10 s."""
+    port = _free_port()
+    api = _start_api(url, port, workers)
+    try:
+        pids = [api.pid, *_children(api.pid)]
+        settle_stats()
+        db0 = db_counters(url)
+        out = measure(port, pids)
+        out["api_rss_mb"] = _rss_mb(pids)
+    finally:
+        _stop(api)
+    settle_stats()
+    db1 = db_counters(url)
+    out["commits_per_request"] = round(db_delta(db0, db1)["commits"] / max(out["requests"], 1), 3)
+    return out
 
 
 def run(
@@ -300,28 +411,21 @@ def run(
     secs = seconds or (2.0 if quick else 10.0)
     conns = connections or (8 if quick else 32)
     paced_rate = rate or (100 if quick else 500)
-    paced_conns = 10
     res: dict[str, Any] = {"bench": "intake", "api_processes": w, "seconds": secs}
     with scratch_database(admin_url, "intake") as url:
-        import asyncio
-
         key = asyncio.run(_prepare(url))
-        port = _free_port()
-        api = _start_api(url, port, w)
-        try:
-            pids = [api.pid, *_children(api.pid)]
-            res["open"] = _wrk(
+        res["open"] = _phase(
+            url, w, lambda port, pids: _wrk(
                 url, port, key, pids, tag="open", seconds=secs, connections=conns,
                 threads=2, pause_ms=0,
-            )  # fmt: skip
-            res["paced"] = _wrk(
-                url, port, key, pids, tag="paced", seconds=secs, connections=paced_conns,
-                threads=2, pause_ms=max(1, round(paced_conns * 1000 / paced_rate)),
-            )  # fmt: skip
-            res["paced"]["target_per_s"] = paced_rate
-            res["api_rss_mb"] = _rss_mb(pids)
-        finally:
-            _stop(api)
+            ),
+        )  # fmt: skip
+        res["paced"] = _phase(
+            url, w, lambda port, pids: _paced(
+                url, port, key, pids, tag="paced", rate=paced_rate, seconds=secs
+            ),
+        )  # fmt: skip
+        res["api_rss_mb"] = max(res["open"]["api_rss_mb"], res["paced"]["api_rss_mb"])
         pg: list[dict[str, Any]] = []
         if find_pgbench() is not None:
             prepare_pgbench(url)
@@ -338,7 +442,7 @@ def render(res: dict[str, Any]) -> str:
         f"webhook starts over HTTP, half duplicates, {res['api_processes']} API processes "
         f"(onward api --workers), load from wrk, {res['seconds']:g} s a phase",
         f"{'phase':<8} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'commits':>7} "
-        f"{'api ms':>7} {'pg ms':>6} {'wrk ms':>6} {'busy':>5}  consistent",
+        f"{'api ms':>7} {'pg ms':>6} {'load ms':>7} {'busy':>5}  consistent",
     ]
     for name in ("open", "paced"):
         r = res[name]
@@ -346,7 +450,8 @@ def render(res: dict[str, Any]) -> str:
             f"{name:<8} {r['per_s']:>8.1f} {r['latency_ms_p50']:>7.2f} {r['latency_ms_p99']:>7.2f} "
             f"{r['latency_ms_max']:>7.1f} {r['commits_per_request']:>7.3f} "
             f"{r['api_cpu_ms_per_request']:>7.3f} {r['pg_cpu_ms_per_request']:>6.3f} "
-            f"{r['wrk_cpu_ms_per_request']:>6.3f} {r['machine_busy'] or 0:>5.2f}  "
+            f"{r.get('wrk_cpu_ms_per_request', r.get('client_cpu_ms_per_request', 0)):>7.3f} "
+            f"{r['machine_busy'] or 0:>5.2f}  "
             f"{r['consistent']} ({r['runs_in_database']} runs for {r['ids_sent']} ids, "
             f"{r['non_2xx']} non-2xx, {r['socket_errors']} socket errors)"
         )
@@ -355,5 +460,8 @@ def render(res: dict[str, Any]) -> str:
         f"; open throttle = {res['ratio']} of it; paced target {res['paced']['target_per_s']}/s"
         f"; API processes' peak RSS {res['api_rss_mb']} MB"
     )
-    lines.append("(ms columns: CPU milliseconds per request of the API processes, PostgreSQL, wrk)")
+    lines.append(
+        "(ms columns: CPU milliseconds per request of the API processes, PostgreSQL and the "
+        "load generator: wrk for open, this process's paced client for paced)"
+    )
     return "\n".join(lines)
