@@ -91,6 +91,11 @@ def _checked(
     return text
 
 
+def start_key_kind(event_id: str | None, key: str | None) -> str:
+    """The kind of start key ``start_key_for`` makes from these (without hashing a payload)."""
+    return "caller" if key else "event" if event_id else "payload_hash"
+
+
 async def start_run(
     pool: Pool,
     org_id: str,
