@@ -209,7 +209,7 @@ async def start_many(
     batch -- answers that run, ``created`` False (``start_duplicate`` in its history). The
     batch is whole or nothing: every start is checked first, and a bad one (``InvalidInput``
     naming its index: ``starts[3]: ...``), one naming no published automation or version
-    (``InvalidInput``, unless its key has a run already) or an erased contact
+    (``UnknownAutomation``, unless its key has a run already) or an erased contact
     (``ContactErased``) refuses the batch with nothing written. ``traceparent`` applies to
     every run of the batch. A start whose key a concurrent transaction committed after the
     statement began is answered by one more read (``start.sql find_duplicates``)."""
@@ -276,7 +276,7 @@ async def start_many(
             i = unknown[0]
             s = _as_start(starts[i], i)
             what = f"version {s.version} of " if s.version else ""
-            raise InvalidInput(
+            raise UnknownAutomation(
                 f"starts[{i}]: no published {what}automation {s.automation_id!r} in {org_id!r}"
                 " (nothing was started)"
             )

@@ -83,14 +83,14 @@ async def test_a_batch_answers_each_start_in_order(engine: Engine, sql: Sql) -> 
         ),
         (
             [{"automation_id": "greet", "key": "a"}, {"automation_id": "nope", "key": "b"}],
-            422,
-            "invalid_input",
+            404,
+            "unknown_automation",
             "starts[1]: no published automation 'nope'",
         ),
         (
             [{"automation_id": "greet", "key": "a"}, {"automation_id": "greet", "version": 7}],
-            422,
-            "invalid_input",
+            404,
+            "unknown_automation",
             "starts[1]: no published version 7 of automation 'greet'",
         ),
         (

@@ -855,9 +855,9 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         ``POST /v1/runs`` takes and gets its own start key and answer (``index``, ``run_id``,
         ``created``), in request order; a key that has a run already -- or that an earlier item
         of the batch used -- answers that run, ``created`` false. The batch is whole or
-        nothing: an invalid item, one naming no published automation or version (422
-        ``invalid_input``, ``starts[i]: ...``) or an erased contact (409 ``contact_erased``)
-        starts nothing. ``traceparent`` applies to every run."""
+        nothing: an invalid item (422), one naming no published automation or version (404
+        ``unknown_automation``) or an erased contact (409 ``contact_erased``) starts nothing,
+        and the error's detail names the item (``starts[i]: ...``). ``traceparent`` applies to every run."""
         starts = [
             Start(s.automation_id, s.input, s.event_id, s.key, s.version, s.contact_id)
             for s in body.starts
