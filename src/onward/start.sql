@@ -94,9 +94,16 @@ v AS (
      AND av.version = coalesce(item.asked, a.latest_version)
 ),
 earlier AS (
-    -- the runs of these start keys that this statement's snapshot sees
-    SELECT r.start_key, r.run_id FROM runs r
-    WHERE r.org_id = %(org_id)s AND r.start_key IN (SELECT start_key FROM item)
+    -- the runs of these start keys that this statement's snapshot sees: one probe of
+    -- runs_org_id_start_key_key per key (LIMIT keeps the planner from scanning the whole
+    -- organisation's runs for a hash join when its statistics are stale)
+    SELECT k.start_key, r.run_id
+    FROM (SELECT DISTINCT start_key FROM item) k
+    CROSS JOIN LATERAL (
+        SELECT run_id FROM runs
+        WHERE runs.org_id = %(org_id)s AND runs.start_key = k.start_key
+        LIMIT 1
+    ) r
 ),
 unknown AS (
     SELECT v.idx FROM v
@@ -106,11 +113,12 @@ whole AS (
     SELECT NOT EXISTS (SELECT 1 FROM unknown) AS ok
 ),
 first AS (
-    -- the first item of each start key no run has yet, if every item is known
+    -- the first item of each start key, if every item is known (a key that has a run already
+    -- is left to ON CONFLICT: filtering it here makes the planner expect almost no rows and
+    -- join the inserts below by nested loops)
     SELECT DISTINCT ON (v.start_key) v.*
     FROM v
     WHERE v.version IS NOT NULL AND (SELECT ok FROM whole)
-      AND NOT EXISTS (SELECT 1 FROM earlier e WHERE e.start_key = v.start_key)
     ORDER BY v.start_key, v.idx
 ),
 org AS (
