@@ -47,7 +47,7 @@ from onward.errors import (
     UnknownSchedule,
 )
 from onward.kinds import Advance, StepContext, Wait, registry, step_kind
-from onward.start import Started
+from onward.start import Start, Started
 
 __all__ = [
     "ActionRefused",
@@ -83,6 +83,7 @@ __all__ = [
     "Settings",
     "SignalRefused",
     "SignatureRefused",
+    "Start",
     "Started",
     "StepContext",
     "StepError",

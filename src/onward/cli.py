@@ -594,6 +594,75 @@ def start(
         typer.echo(f"duplicate: {started.run_id} was already started by {started.start_key}")
 
 
+@app.command("start-many")
+def start_many(
+    ctx: typer.Context,
+    source: Annotated[
+        str, typer.Argument(help="a file of starts (JSON lines or one JSON array), or - for stdin")
+    ],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="one JSON answer per line (stable keys)")
+    ] = False,
+) -> None:
+    """Start up to 1,000 runs in one statement: each start is what POST /v1/runs takes
+    ({"automation_id": ..., "input": {...}, "event_id"?, "key"?, "version"?, "contact_id"?}).
+
+    One answer per start, in order. The batch is whole or nothing: a bad start, an unknown
+    automation or an erased contact starts nothing (exit 2, naming the start)."""
+    from pydantic import ValidationError
+
+    from onward.api.models import StartBatchItem, StartBatchRequest
+    from onward.inputs import parse_json
+    from onward.start import Start, start_key_kind
+
+    try:
+        raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    except OSError as exc:
+        raise UsageProblem(f"{source}: cannot read: {exc.strerror}") from None
+    text = raw.lstrip()
+    if text.startswith((b"[", b"\xef\xbb\xbf[")):
+        items = parse_json(raw, source)
+    else:  # JSON lines: one start a line, blank lines skipped
+        items = [
+            parse_json(line, f"{source} line {n}")
+            for n, line in enumerate(raw.splitlines(), 1)
+            if line.strip()
+        ]
+    try:
+        batch = StartBatchRequest.model_validate({"starts": items})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise UsageProblem(f"{source}: {where}: {err['msg']}") from None
+    starts = [
+        Start(s.automation_id, s.input, s.event_id, s.key, s.version, s.contact_id)
+        for s in batch.starts
+    ]
+
+    async def go() -> Any:
+        async with _open(_settings(ctx)) as engine:
+            return await engine.start_many(starts)
+
+    for i, (started, s) in enumerate(zip(_run(go()), starts, strict=True)):
+        kind = start_key_kind(s.event_id, s.key)
+        if as_json:
+            answer = StartBatchItem(
+                index=i,
+                run_id=started.run_id,
+                created=started.created,
+                duplicate=not started.created,
+                start_key=started.start_key,
+                start_key_kind=kind,
+            )
+            typer.echo(answer.model_dump_json())
+        elif started.created:
+            typer.echo(f"{i}: started {started.run_id}  (start key {started.start_key} [{kind}])")
+        else:
+            typer.echo(
+                f"{i}: duplicate: {started.run_id} was already started by {started.start_key}"
+            )
+
+
 runs_app = typer.Typer(
     name="runs",
     help="List runs, newest first; `onward runs migrate` moves runs between versions."

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import copy
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,7 +50,7 @@ from onward.kinds import Registry
 from onward.kinds import registry as default_registry
 from onward.outbox import Relay
 from onward.queue import Queue, make_queue
-from onward.start import Started, start_run
+from onward.start import Start, Started, start_many, start_run
 from onward.sweep import Sweeper
 from onward.worker import Worker, new_worker_id
 
@@ -191,6 +191,21 @@ class Engine:
             max_payload_bytes=self.settings.max_payload_bytes,
             registry=self.registry,
             versions=self.versions,
+            traceparent=traceparent,
+        )
+
+    async def start_many(
+        self, starts: Sequence[Start | Mapping[str, Any]], *, traceparent: str | None = None
+    ) -> list[Started]:
+        """Start up to 1,000 runs in one statement and one commit, each with its own start key
+        and answer, in the order given (``onward.start.start_many``): ``Start`` objects or
+        mappings of their fields. A bad start, an unknown automation or an erased contact
+        refuses the whole batch (the error names its index); nothing is written."""
+        return await start_many(
+            self.pool,
+            self.org_id,
+            starts,
+            max_payload_bytes=self.settings.max_payload_bytes,
             traceparent=traceparent,
         )
 

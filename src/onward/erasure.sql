@@ -165,3 +165,14 @@ SELECT org_id, subject, requested_by FROM erasures
 WHERE status = 'pending'
 ORDER BY requested_at
 LIMIT %(limit)s;
+
+-- name: lock_contacts_shared
+-- Several contacts' locks, shared (a batch of starts), taken in one order so two batches and an
+-- erasure cannot deadlock.
+SELECT count(pg_advisory_xact_lock_shared(
+           hashtextextended('onward.contact:' || %(org_id)s || '/' || s.subject, 0)))
+FROM (SELECT DISTINCT unnest(%(subjects)s::text[]) AS subject ORDER BY 1) s;
+
+-- name: erased_any
+-- Which of these contacts were erased (or are being erased). Run after lock_contacts_shared.
+SELECT subject FROM erasures WHERE org_id = %(org_id)s AND subject = ANY(%(subjects)s::text[]);

@@ -9,7 +9,8 @@ pass its own key. A second start with the same key is acknowledged as a duplicat
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -19,7 +20,7 @@ from onward.automations.versions import VersionCache
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.db.sql import Queries
-from onward.errors import InvalidInput, PayloadTooLarge, UnknownAutomation
+from onward.errors import ContactErased, InvalidInput, PayloadTooLarge, UnknownAutomation
 from onward.inputs import check_storable, check_text
 from onward.kinds import Registry
 
@@ -29,6 +30,7 @@ Q = Queries(__package__, "start.sql")
 MAX_EVENT_ID = 256
 MAX_KEY = 512
 MAX_CONTACT_ID = 320
+MAX_VERSION = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,52 @@ def start_key_for(
     if event_id:
         return ids.event_start_key(automation_id, event_id), "event"
     return ids.payload_start_key(automation_id, payload), "payload_hash"
+
+
+def _checked(
+    automation_id: str,
+    payload: Any,
+    event_id: str | None,
+    key: str | None,
+    version: int | None,
+    contact_id: str | None,
+    max_payload_bytes: int,
+) -> str:
+    """Refuse, before anything is written, what PostgreSQL would refuse mid-statement (NUL, lone
+    surrogates, NaN, too deep) and what is over a limit; answer the payload as JSON text."""
+    limits = (
+        ("automation id", automation_id, None),
+        ("event id", event_id, MAX_EVENT_ID),
+        ("key", key, MAX_KEY),
+        ("contact id", contact_id, MAX_CONTACT_ID),
+    )
+    for what, text, longest in limits:
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise InvalidInput(f"{what}: must be text, not {type(text).__name__}")
+        check_text(text, what)
+        if longest is not None and len(text) > longest:
+            raise InvalidInput(f"{what}: at most {longest} characters ({len(text)} given)")
+    if version is not None and (
+        isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION
+    ):
+        raise InvalidInput(f"version: a whole number from 1 to {MAX_VERSION} ({version!r} given)")
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"the payload must be a JSON object, not {type(payload).__name__}")
+    # max_bytes: a structure that shares one sub-list many times stops here, early, instead of
+    # being expanded by json.dumps below
+    check_storable(payload, "the payload", max_bytes=4 * max_payload_bytes)
+    text = json.dumps(payload, default=str)
+    size = len(text.encode())
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(size, max_payload_bytes)
+    return text
+
+
+def start_key_kind(event_id: str | None, key: str | None) -> str:
+    """The kind of start key ``start_key_for`` makes from these (without hashing a payload)."""
+    return "caller" if key else "event" if event_id else "payload_hash"
 
 
 async def start_run(
@@ -69,28 +117,7 @@ async def start_run(
     that pass them; the version's first step was resolved when it was published.
     ``traceparent``: the W3C trace context of the request that asked for the run, kept so its
     steps continue that trace (``onward.tracing``; an invalid one is ignored)."""
-    # What PostgreSQL would refuse mid-statement (NUL, lone surrogates, NaN, too deep) is
-    # refused here, whole, before anything is written.
-    limits = (
-        ("automation id", automation_id, None),
-        ("event id", event_id, MAX_EVENT_ID),
-        ("key", key, MAX_KEY),
-        ("contact id", contact_id, MAX_CONTACT_ID),
-    )
-    for what, text, longest in limits:
-        if text is None:
-            continue
-        check_text(text, what)
-        if longest is not None and len(text) > longest:
-            raise InvalidInput(f"{what}: at most {longest} characters ({len(text)} given)")
-    if not isinstance(payload, dict):
-        raise InvalidInput(f"the payload must be a JSON object, not {type(payload).__name__}")
-    # max_bytes: a structure that shares one sub-list many times stops here, early, instead of
-    # being expanded by json.dumps below
-    check_storable(payload, "the payload", max_bytes=4 * max_payload_bytes)
-    size = len(json.dumps(payload, default=str).encode())
-    if size > max_payload_bytes:
-        raise PayloadTooLarge(size, max_payload_bytes)
+    _checked(automation_id, payload, event_id, key, version, contact_id, max_payload_bytes)
     start_key, kind = start_key_for(automation_id, payload, event_id, key)
     args = {
         "org_id": org_id,
@@ -126,6 +153,161 @@ async def start_run(
         raise UnknownAutomation(f"no published {what}automation {automation_id!r} in {org_id!r}")
     metrics.run_started(False)
     return Started(dup["run_id"], False, start_key)
+
+
+# -- batches ---------------------------------------------------------------------------------
+
+#: The most starts in one batch (``start_many``, ``POST /v1/runs:batch``, ``onward start-many``).
+MAX_BATCH = 1000
+#: The most bytes a batch's payloads may hold together (each is also held to the payload limit).
+MAX_BATCH_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Start:
+    """One start of a batch: the arguments ``start_run`` takes for one run."""
+
+    automation_id: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    event_id: str | None = None
+    key: str | None = None
+    version: int | None = None
+    contact_id: str | None = None
+
+
+_START_FIELDS = frozenset(f.name for f in fields(Start))
+
+
+def _as_start(item: Start | Mapping[str, Any], i: int) -> Start:
+    if isinstance(item, Start):
+        return item
+    if not isinstance(item, Mapping):
+        raise InvalidInput(
+            f"starts[{i}]: a start is a Start or a mapping, not {type(item).__name__}"
+        )
+    unknown = sorted(str(k) for k in item if k not in _START_FIELDS)
+    if unknown:
+        raise InvalidInput(f"starts[{i}]: unknown field(s) {', '.join(unknown)}")
+    if "automation_id" not in item:
+        raise InvalidInput(f"starts[{i}]: automation_id is required")
+    return Start(**item)
+
+
+def _item_error(i: int, exc: Exception) -> InvalidInput:
+    return InvalidInput(f"starts[{i}]: {exc}")
+
+
+async def start_many(
+    pool: Pool,
+    org_id: str,
+    starts: Sequence[Start | Mapping[str, Any]],
+    *,
+    max_payload_bytes: int = 256 * 1024,
+    traceparent: str | None = None,
+) -> list[Started]:
+    """Start up to ``MAX_BATCH`` runs in one statement and one commit (``start.sql
+    start_many``), answering each start in the order given.
+
+    Each start is ``start_run``'s: its own start key (``start_key_for``) and answer; a start
+    whose key has a run already -- before the batch, or from an earlier start of the same
+    batch -- answers that run, ``created`` False (``start_duplicate`` in its history). The
+    batch is whole or nothing: every start is checked first, and a bad one (``InvalidInput``
+    naming its index: ``starts[3]: ...``), one naming no published automation or version
+    (``UnknownAutomation``, unless its key has a run already) or an erased contact
+    (``ContactErased``) refuses the batch with nothing written. ``traceparent`` applies to
+    every run of the batch. A start whose key a concurrent transaction committed after the
+    statement began is answered by one more read (``start.sql find_duplicates``)."""
+    if not isinstance(starts, Sequence) or isinstance(starts, (str, bytes)):
+        raise InvalidInput("starts: a list of starts")
+    if not 1 <= len(starts) <= MAX_BATCH:
+        raise InvalidInput(f"starts: 1 to {MAX_BATCH} starts in a batch ({len(starts)} given)")
+    items: list[str] = []
+    keys: list[str] = []
+    contacts: dict[str, int] = {}  # contact id -> the first start naming it
+    total = 0
+    for i, raw in enumerate(starts):
+        try:
+            s = _as_start(raw, i)
+            text = _checked(
+                s.automation_id,
+                s.payload,
+                s.event_id,
+                s.key,
+                s.version,
+                s.contact_id,
+                max_payload_bytes,
+            )
+        except (InvalidInput, PayloadTooLarge, TypeError) as exc:
+            raise _item_error(i, exc) from None
+        total += len(text)
+        if total > MAX_BATCH_BYTES:
+            raise InvalidInput(f"starts: the payloads hold more than {MAX_BATCH_BYTES} bytes")
+        start_key, kind = start_key_for(s.automation_id, s.payload, s.event_id, s.key)
+        keys.append(start_key)
+        if s.contact_id is not None:
+            contacts.setdefault(s.contact_id, i)
+        head = json.dumps(
+            {
+                "idx": i,
+                "run_id": ids.new_run_id(),
+                "automation_id": s.automation_id,
+                "version": s.version,
+                "start_key": start_key,
+                "start_key_kind": kind,
+                "contact_id": s.contact_id,
+            }
+        )
+        items.append(f'{head[:-1]}, "input": {text}}}')
+    args = {
+        "org_id": org_id,
+        "items": "[" + ",".join(items) + "]",
+        "traceparent": tracing.valid_traceparent(traceparent),
+    }
+    async with pool.connection() as conn:
+        if not contacts:
+            rows = await (await conn.execute(Q.start_many, args)).fetchall()
+        else:  # refused if a contact was erased; ordered with an erasure by its lock
+            async with conn.transaction():
+                erased = await erasure.check_starts(conn, org_id, contacts)
+                if erased:
+                    first = min(erased, key=contacts.__getitem__)
+                    refused = ContactErased(org_id, first)
+                    refused.args = (f"starts[{contacts[first]}]: {refused}",)
+                    raise refused
+                rows = await (await conn.execute(Q.start_many, args)).fetchall()
+        unknown = [row["idx"] for row in rows if row["unknown"]]
+        if unknown:
+            i = unknown[0]
+            s = _as_start(starts[i], i)
+            what = f"version {s.version} of " if s.version else ""
+            raise UnknownAutomation(
+                f"starts[{i}]: no published {what}automation {s.automation_id!r} in {org_id!r}"
+                " (nothing was started)"
+            )
+        crash_point("start.after_commit")
+        answers: list[Started | None] = [None] * len(rows)
+        leftover: list[int] = []
+        for row in rows:
+            i = row["idx"]
+            if row["run_id"] is None:
+                leftover.append(i)
+            else:
+                answers[i] = Started(row["run_id"], row["created"], keys[i])
+        if leftover:
+            # committed by another transaction after this statement's snapshot began
+            wanted = [keys[i] for i in leftover]
+            cur = await conn.execute(Q.find_duplicates, {"org_id": org_id, "start_keys": wanted})
+            found = {row["start_key"]: row["run_id"] for row in await cur.fetchall()}
+            for i in leftover:
+                if keys[i] in found:
+                    answers[i] = Started(found[keys[i]], False, keys[i])
+    done = [a for a in answers if a is not None]
+    if len(done) < len(answers):  # the run was removed between the two statements
+        i = answers.index(None)
+        raise UnknownAutomation(f"starts[{i}]: the run of start key {keys[i]!r} is gone")
+    for a in done:
+        metrics.run_started(a.created)
+    return done
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,9 @@ from onward.api.models import (
     RunSummary,
     RunView,
     StartAnswer,
+    StartBatchAnswer,
+    StartBatchItem,
+    StartBatchRequest,
     StartRequest,
     SuppressionAnswer,
     SuppressionIn,
@@ -124,7 +127,7 @@ from onward.errors import (
     UnknownRun,
 )
 from onward.inputs import check_text, parse_json
-from onward.start import Started, start_key_for
+from onward.start import Start, Started, start_key_for, start_key_kind
 
 log = logging.getLogger("onward.api")
 T = TypeVar("T")
@@ -838,6 +841,41 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         return _answer(
             started, body.automation_id, body.input, event_id=body.event_id, key=body.key
         )
+
+    @app.post(
+        "/v1/runs:batch",
+        response_model=StartBatchAnswer,
+        tags=["runs"],
+        responses={**NOT_FOUND, **_errors(409)},
+    )
+    async def start_batch(
+        body: StartBatchRequest, org: OrgDep, traceparent: TraceparentHeader = None
+    ) -> Any:
+        """Start 1 to 1,000 runs in one statement and one commit. Each item is what
+        ``POST /v1/runs`` takes and gets its own start key and answer (``index``, ``run_id``,
+        ``created``), in request order; a key that has a run already -- or that an earlier item
+        of the batch used -- answers that run, ``created`` false. The batch is whole or
+        nothing: an invalid item (422), one naming no published automation or version (404
+        ``unknown_automation``) or an erased contact (409 ``contact_erased``) starts nothing,
+        and the error's detail names the item (``starts[i]: ...``). ``traceparent`` applies to every run."""
+        starts = [
+            Start(s.automation_id, s.input, s.event_id, s.key, s.version, s.contact_id)
+            for s in body.starts
+        ]
+        answers = await org.read(lambda: org.engine.start_many(starts, traceparent=traceparent))
+        items = [
+            StartBatchItem(
+                index=i,
+                run_id=a.run_id,
+                created=a.created,
+                duplicate=not a.created,
+                start_key=a.start_key,
+                start_key_kind=start_key_kind(s.event_id, s.key),
+            )
+            for i, (a, s) in enumerate(zip(answers, starts, strict=True))
+        ]
+        created = sum(a.created for a in answers)
+        return StartBatchAnswer(started=items, created=created, duplicates=len(items) - created)
 
     # -- inspecting runs -----------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from onward.automations.document import ID_PATTERN
+from onward.start import MAX_BATCH
 
 MAX_EVENT_ID = 256
 """The longest event id (header, body field or ``--event-id``)."""
@@ -95,6 +96,38 @@ class StartAnswer(BaseModel):
     start_key_kind: str = Field(
         description="event | payload_hash (weaker: identical payloads collapse) | caller"
     )
+
+
+class StartBatchRequest(BaseModel):
+    """Start up to 1,000 runs in one request (``POST /v1/runs:batch``): each item is the body
+    ``POST /v1/runs`` takes."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "starts": [
+                        {"automation_id": "welcome", "input": {"name": "Maya"}, "event_id": "e1"},
+                        {"automation_id": "welcome", "input": {"name": "Sam"}, "key": "sam-1"},
+                    ]
+                }
+            ]
+        },
+    )
+    starts: list[StartRequest] = Field(
+        min_length=1, max_length=MAX_BATCH, description="1 to 1,000 starts, answered in order"
+    )
+
+
+class StartBatchItem(StartAnswer):
+    index: int = Field(description="the start's position in the request, from 0")
+
+
+class StartBatchAnswer(BaseModel):
+    started: list[StartBatchItem] = Field(description="one answer per start, in request order")
+    created: int = Field(description="how many starts made a new run")
+    duplicates: int = Field(description="how many answered a run that existed already")
 
 
 # -- runs ----------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ ROUTES: dict[tuple[str, str], str] = {
     # runs: changing them
     ("POST", "/v1/hooks/{automation_id}"): WRITE,
     ("POST", "/v1/runs"): WRITE,
+    ("POST", "/v1/runs:batch"): WRITE,
     ("POST", "/v1/runs/cancel"): WRITE,
     ("POST", "/v1/runs/{run_id}/cancel"): WRITE,
     ("POST", "/v1/runs/{run_id}/review"): WRITE,

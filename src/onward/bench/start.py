@@ -16,7 +16,10 @@ One sitting, on a scratch database, no worker running:
    secret after the other rows, since a secret makes ``/v1/hooks`` require the signature too).
 2. **library**: ``Engine.start`` from ``clients`` concurrent tasks: new runs, then the same
    event ids again (duplicates), then one at a time (the latency of a single start).
-3. **ceiling**: onward's own start statement (``start.sql``) from a plain psycopg loop with
+3. **batches**: ``Engine.start_many`` with 1,000 starts a batch from ``batch_clients`` tasks
+   (new runs), and ``POST /v1/runs:batch`` with the same batches over HTTP (the API in its own
+   process); each charged its commits per run. Their figure is runs per second.
+4. **ceiling**: onward's own start statement (``start.sql``) from a plain psycopg loop with
    the same connections (no version lookup, no pool), and pgbench's minimal start -- run,
    first step and wake in one statement -- at 1 and ``clients`` clients.
 
@@ -55,6 +58,7 @@ from onward.bench.throughput import AUTOMATION, FLOW
 from onward.config import Settings
 from onward.engine import Engine
 from onward.start import Q as START_Q
+from onward.start import Start
 
 ORG = "bench"
 
@@ -327,6 +331,159 @@ def _library(url: str, n: int, clients: int, pool: int) -> dict[str, Any]:
     return out
 
 
+# -- batches -------------------------------------------------------------------------------------
+
+#: Starts in one batch (the most ``start_many`` takes).
+BATCH = 1000
+
+
+def _batches(prefix: str, n: int) -> list[list[Start]]:
+    starts = [
+        Start(AUTOMATION, {"i": i, "email": f"u{i}@example.com"}, event_id=f"{prefix}-{i}")
+        for i in range(n)
+    ]
+    return [starts[i : i + BATCH] for i in range(0, n, BATCH)]
+
+
+def _batch_figures(
+    runs: int, elapsed: float, lat: list[float], commits: int, clients: int
+) -> dict[str, Any]:
+    return {
+        "runs": runs,
+        "batch": BATCH,
+        "clients": clients,
+        "elapsed_s": round(elapsed, 3),
+        "per_s": round(runs / elapsed, 1) if elapsed > 0 else 0.0,
+        "latency_ms_p50": round(median(lat), 2),  # of one batch
+        "latency_ms_p99": round(percentile(lat, 99), 2),
+        "commits_per_request": round(commits / max(len(lat), 1), 3),  # per batch
+    }
+
+
+async def _library_batches(url: str, n: int, clients: int) -> tuple[float, list[float], int]:
+    work = _batches("batch", n)
+    lat: list[float] = []
+    created = 0
+    async with Engine.open(
+        _settings(url), migrate=False, pool_size=clients, start_queue=False
+    ) as e:
+        await warm_pool(e.pool, clients)
+
+        async def one() -> None:
+            nonlocal created
+            while work:
+                batch = work.pop()
+                t0 = time.perf_counter()
+                answers = await e.start_many(batch)
+                lat.append((time.perf_counter() - t0) * 1e3)
+                created += sum(a.created for a in answers)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(clients)))
+        elapsed = time.perf_counter() - t0
+    return elapsed, lat, created
+
+
+def _library_batch(url: str, n: int, clients: int) -> dict[str, Any]:
+    """New runs in batches from ``clients`` tasks. Commits are read once the engine's
+    connections are gone (a connected backend may hold its statistics for seconds), less those
+    of opening and closing an engine that starts nothing (measured first)."""
+
+    def commits(n: int) -> tuple[int, tuple[float, list[float], int]]:
+        settle_stats()
+        db0 = db_counters(url)
+        out = asyncio.run(_library_batches(url, n, clients))
+        settle_stats()
+        return db_delta(db0, db_counters(url))["commits"], out
+
+    baseline, _ = commits(0)
+    total, (elapsed, lat, created) = commits(n)
+    figures = _batch_figures(n, elapsed, lat, total - baseline, clients)
+    return {**figures, "created": created}
+
+
+async def _http_batches(
+    base: str, key: str, bodies: list[bytes], clients: int
+) -> tuple[float, list[float], list[int], int]:
+    parts = urlsplit(base)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    lat: list[float] = []
+    statuses: list[int] = []
+    created = 0
+
+    async def one() -> None:
+        nonlocal created
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while bodies:
+                body = bodies.pop()
+                head = (
+                    f"POST /v1/runs:batch HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                    f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                t0 = time.perf_counter()
+                writer.write(head + body)
+                await writer.drain()
+                status, answer = await _read_response(reader)
+                lat.append((time.perf_counter() - t0) * 1e3)
+                statuses.append(status)
+                if status == 200:
+                    created += int(json.loads(answer)["created"])
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return time.perf_counter() - t0, lat, statuses, created
+
+
+def _http_batch_pass(
+    url: str, bodies: list[bytes], clients: int, pool: int
+) -> tuple[int, float, list[float], list[int], int, dict[str, Any]]:
+    api = Child("api", "--url", url, "--org", ORG, "--pool", str(pool))
+    try:
+        ready = api.wait_ready()
+        settle_stats()
+        db0 = db_counters(url)
+        api.send("go")
+        elapsed, lat, statuses, created = asyncio.run(
+            _http_batches(ready["url"], ready["key"], bodies, clients)
+        )
+        api.send("stop")
+        done = api.finish()
+    finally:
+        api.kill()
+    settle_stats()
+    commits = db_delta(db0, db_counters(url))["commits"]
+    return commits, elapsed, lat, statuses, created, done
+
+
+def _http_batch(url: str, n: int, clients: int, pool: int) -> dict[str, Any]:
+    """The same batches over HTTP, to an API process of their own; its commits less those of
+    an API process that serves nothing (its statistics are flushed as it exits)."""
+    bodies = [
+        json.dumps(
+            {
+                "starts": [
+                    {"automation_id": s.automation_id, "input": s.payload, "event_id": s.event_id}
+                    for s in batch
+                ]
+            }
+        ).encode()
+        for batch in _batches("hbatch", n)
+    ]
+    baseline = _http_batch_pass(url, [], clients, pool)[0]
+    commits, elapsed, lat, statuses, created, done = _http_batch_pass(url, bodies, clients, pool)
+    return {
+        **_batch_figures(n, elapsed, lat, commits - baseline, clients),
+        "created": created,
+        "statuses": {str(k): statuses.count(k) for k in sorted(set(statuses))},
+        "server_cpu_ms_per_request": round(done["cpu_s"] * 1000 / max(len(lat), 1), 3),
+    }
+
+
 # -- the ceilings ----------------------------------------------------------------------------
 
 
@@ -387,9 +544,13 @@ def run(
     clients: int | None = None,
     pool: int | None = None,
     what_if: list[str] | None = None,
+    batch_runs: int | None = None,
+    batch_clients: int = 2,
 ) -> dict[str, Any]:
     """``what_if`` (diagnosis, from Python only): extra webhook rows, each with one change
-    patched into the API process (``onward.bench.proc.API_WHAT_IF``; "a+b" for both)."""
+    patched into the API process (``onward.bench.proc.API_WHAT_IF``; "a+b" for both).
+    ``batch_runs``: runs started in batches of 1,000 (default 20,000; 2,000 with ``quick``),
+    from ``batch_clients`` tasks (or HTTP connections)."""
     n = runs or (40 if quick else 2_000)
     n += n % 2  # half duplicates
     k = clients or (4 if quick else 16)
@@ -417,6 +578,9 @@ def run(
         )
         lib_n = n // 2
         res["library"] = _library(url, lib_n, k, pool)
+        b_n = batch_runs or (2 * BATCH if quick else 20 * BATCH)
+        res["library_batch"] = _library_batch(url, b_n, batch_clients)
+        res["http_batch"] = _http_batch(url, b_n, batch_clients, pool)
         settle_stats()
         db0 = db_counters(url)
         res["sql_loop"] = asyncio.run(_sql_loop(url, lib_n, k))
@@ -438,6 +602,7 @@ def run(
         "signed_vs_no_key": round(res["webhook_signed"]["per_s"] / base, 3) if base else None,
     }
     res["library_ratio"] = round(res["library"]["new"]["per_s"] / ceiling, 3) if ceiling else None
+    res["batch_ratio"] = round(res["library_batch"]["per_s"] / ceiling, 3) if ceiling else None
     return res
 
 
@@ -470,6 +635,11 @@ def render(res: dict[str, Any]) -> str:
     lines.append(row("library Engine.start, new runs", lib["new"]))
     lines.append(row("library Engine.start, duplicates", lib["duplicate"]))
     lines.append(row("library Engine.start, one at a time", lib["sequential"]))
+    lb, hb = res.get("library_batch"), res.get("http_batch")
+    if lb is not None:
+        lines.append(row("library Engine.start_many, 1,000 a batch", lb))
+    if hb is not None:
+        lines.append(row("POST /v1/runs:batch, 1,000 a batch", hb))
     lines.append(row("psycopg loop, onward's start SQL alone", sq))
     for p in res["pgbench"]:
         if "error" in p:
@@ -502,10 +672,28 @@ def render(res: dict[str, Any]) -> str:
             f"signed (Standard Webhooks) {cost['signed_vs_no_key']:.2f}x those without a key"
         )
     lines.append(f"API server peak RSS {wh['server_rss_mb']} MB")
+    if lb is not None:
+        lines.append(
+            f"batch rows: runs/s from {lb['clients']} tasks (HTTP: connections); p50/p99, commits"
+            " and server CPU are one batch's (1,000 runs)"
+        )
+        for name, r in (("library", lb), ("HTTP", hb)):
+            if r is not None:
+                ok = r["created"] == r["runs"]
+                lines.append(
+                    f"{name} batches: created {r['created']} of {r['runs']} new runs"
+                    + (f", answers {r['statuses']}" if "statuses" in r else "")
+                    + f" -> {'consistent' if ok else 'INCONSISTENT'}"
+                )
     if res.get("ceiling_per_s"):
         lines.append(
             f"webhook / ceiling (pgbench at {res['clients']} clients): {res['webhook_ratio']:.2f}; "
             f"library / ceiling: {res['library_ratio']:.2f}"
+            + (
+                f"; batch runs/s / ceiling: {res['batch_ratio']:.2f}"
+                if res.get("batch_ratio") is not None
+                else ""
+            )
         )
     return "\n".join(lines)
 
