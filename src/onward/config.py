@@ -69,10 +69,11 @@ class Settings:
     #: sleeps when it found fewer (a transition in this process wakes it sooner)
     relay_batch: int = 200
     relay_poll_seconds: float = 0.1
-    #: the Redis queue's consumer (onward.queue.redis): the longest BRPOP, and the delayed
-    #: wakes of a lane promoted to its ready list per round trip
+    #: the Redis queue's consumer (onward.queue.redis): the longest BRPOP, the delayed wakes of
+    #: a lane promoted to its ready list per round trip, and the ready wakes taken in it
     redis_block_seconds: float = 0.5
     redis_promote_batch: int = 100
+    redis_take_batch: int = 100
     shutdown_grace_seconds: float = 10.0
     max_payload_bytes: int = 256 * 1024
     default_max_steps: int = 1000
@@ -126,6 +127,7 @@ class Settings:
             relay_poll_seconds=_env_float("ONWARD_RELAY_POLL_SECONDS", 0.1),
             redis_block_seconds=_env_float("ONWARD_REDIS_BLOCK_SECONDS", 0.5),
             redis_promote_batch=_env_int("ONWARD_REDIS_PROMOTE_BATCH", 100),
+            redis_take_batch=_env_int("ONWARD_REDIS_TAKE_BATCH", 100),
             shutdown_grace_seconds=_env_float("ONWARD_SHUTDOWN_GRACE_SECONDS", 10.0),
             max_payload_bytes=_env_int("ONWARD_MAX_PAYLOAD_BYTES", 256 * 1024),
             signing_secret=os.environ.get("ONWARD_SIGNING_SECRET") or None,
@@ -187,8 +189,11 @@ class Settings:
             raise ConfigError("ONWARD_METRICS_SECONDS must be > 0")
         if self.metrics.strip().lower() not in ("off", "on") and not self.metrics.startswith("/"):
             raise ConfigError(f"ONWARD_METRICS={self.metrics!r}: a path (/metrics), on, or off")
-        if self.relay_batch < 1 or self.redis_promote_batch < 1:
-            raise ConfigError("ONWARD_RELAY_BATCH and ONWARD_REDIS_PROMOTE_BATCH must be >= 1")
+        if min(self.relay_batch, self.redis_promote_batch, self.redis_take_batch) < 1:
+            raise ConfigError(
+                "ONWARD_RELAY_BATCH, ONWARD_REDIS_PROMOTE_BATCH and ONWARD_REDIS_TAKE_BATCH "
+                "must be >= 1"
+            )
         if not 0 < self.relay_poll_seconds <= 60 or not 0.01 <= self.redis_block_seconds <= 60:
             raise ConfigError(
                 "ONWARD_RELAY_POLL_SECONDS must be > 0 and ONWARD_REDIS_BLOCK_SECONDS at least "
