@@ -111,9 +111,10 @@ def test_bench_throughput_quick_curve_prints_one_point_per_worker_count(db_url: 
         assert p["steps_per_s"] > 0 and 0 < p["commits_per_step"] < 1.5
         g = p["grouped"]
         assert g["steps"] == runs * steps_per_run and 0 < g["commits_per_step"] < 1.0
-        # PostgreSQL's share of the machine: its CPU seconds over wall seconds over cores
+        # PostgreSQL's share of the machine: its CPU seconds over wall seconds over cores (a
+        # quick drain may fall inside one clock tick of /proc's CPU counters: 0 is possible)
         for share in (p["pg_cpu_share"], g["pg_cpu_share"]):
-            assert 0 < share <= 1.0
+            assert 0 <= share <= 1.0
         assert p["ratio"] == round(p["steps_per_s"] / g["steps_per_s"], 3)
     text = run_onward(db_url, "bench", "throughput", "--quick", "--workers", "1,2", timeout=300)
     assert text.returncode == 0, text.stderr
@@ -142,8 +143,9 @@ def test_bench_storage_quick_measures_bytes_per_completed_run(db_url: str) -> No
     assert tables["history"]["rows"] > 0
     for name in ("runs", "steps", "history"):
         t = tables[name]
-        assert t["heap"] > 0 and t["total"] == round(t["heap"] + t["indexes"] + t["toast"], 1)
-    assert res["bytes_per_run"] == round(sum(t["total"] for t in tables.values()), 1)
+        assert t["heap"] > 0  # each figure is rounded on its own: equal to a tenth
+        assert abs(t["total"] - (t["heap"] + t["indexes"] + t["toast"])) <= 0.2
+    assert abs(res["bytes_per_run"] - sum(t["total"] for t in tables.values())) <= 0.1
     assert 0 < res["bytes_per_run_compact"] <= res["bytes_per_run"]
     assert res["wal_bytes_per_run"] > 0
     assert res["runs_per_100gb"] == int(100e9 / res["bytes_per_run"])
