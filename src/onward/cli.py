@@ -1175,7 +1175,21 @@ BENCHES = {
     "console": "onward.bench.console",
     "metrics": "onward.bench.metrics",
     "intake": "onward.bench.intake",
+    "storage": "onward.bench.storage",
 }
+
+
+def _worker_counts(raw: str | None) -> list[int] | None:
+    """``--workers 2`` or ``--workers 1,2,4,8`` (a scaling curve); None when not given."""
+    if raw is None:
+        return None
+    try:
+        counts = [int(part) for part in raw.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or max(counts) > 64:
+        _fail([f"--workers {raw!r}: a whole number from 1 to 64, or a list of them: 1,2,4,8"], 2)
+    return counts
 
 
 @app.command()
@@ -1187,7 +1201,10 @@ def bench(
         bool, typer.Option("--quick", help="a small run that proves it works")
     ] = False,
     runs: Annotated[int | None, typer.Option(help="runs to drive (benches that take it)")] = None,
-    workers: Annotated[int | None, typer.Option(help="worker processes (throughput)")] = None,
+    workers: Annotated[
+        str | None,
+        typer.Option(help="worker processes; a list (1,2,4,8): a scaling curve (throughput)"),
+    ] = None,
 ) -> None:
     """Benchmarks that print their figures beside the machine's own ceiling.
 
@@ -1209,9 +1226,19 @@ def bench(
     settings = _settings(ctx)
     url = resolve_url(settings)
     accepted = inspect.signature(module.run).parameters
+    counts = _worker_counts(workers)
+    curve = counts if counts is not None and len(counts) > 1 else None
+    if curve is not None and "curve" not in accepted:
+        _fail([f"bench {name!r} takes one --workers count, not a list"], 2)
+    single = counts[0] if counts is not None and curve is None else None
     options = {
         k: v
-        for k, v in {"runs": runs, "workers": workers, "redis_url": settings.redis_url}.items()
+        for k, v in {
+            "runs": runs,
+            "workers": single,
+            "curve": curve,
+            "redis_url": settings.redis_url,
+        }.items()
         if v is not None and k in accepted
     }
     result = module.run(url, quick=quick, **options)

@@ -666,7 +666,13 @@ class Engine:
                 integrations=integrations if integrations is not None else self.integrations,
             )
         if relay:
-            svc.relay = Relay(self.pool, self.queue, batch=self.settings.relay_batch, kick=kick)
+            svc.relay = Relay(
+                self.pool,
+                self.queue,
+                batch=self.settings.relay_batch,
+                poll_seconds=self.settings.relay_poll_seconds,
+                kick=kick,
+            )
         if sweeper:
             svc.sweeper = Sweeper(
                 self.pool,

@@ -37,7 +37,7 @@ class Relay:
         pool: Pool,
         queue: Queue,
         *,
-        batch: int = 200,
+        batch: int = 1000,
         poll_seconds: float = 0.1,
         kick: asyncio.Event | None = None,
     ) -> None:

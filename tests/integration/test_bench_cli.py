@@ -98,3 +98,54 @@ def test_bench_metrics_quick_counters_match_the_bench_totals(db_url: str) -> Non
     assert res["counters_match"] is True
     assert all(v > 0 for v in res["steps_per_s"].values())
     assert res["ceiling"]["steps_per_s"] > 0
+
+
+def test_bench_throughput_quick_curve_prints_one_point_per_worker_count(db_url: str) -> None:
+    res = _bench(db_url, "throughput", "--quick", "--workers", "1,2", "--json")
+    runs, steps_per_run = res["options"]["runs"], res["steps_per_run"]
+    assert [p["workers"] for p in res["curve"]] == [1, 2]
+    assert res["cores"] >= 1
+    for p in res["curve"]:
+        # each point drained every run once, beside the grouped ceiling of as many processes
+        assert p["steps"] == runs * steps_per_run and p["lost"] == 0
+        assert p["steps_per_s"] > 0 and 0 < p["commits_per_step"] < 1.5
+        g = p["grouped"]
+        assert g["steps"] == runs * steps_per_run and 0 < g["commits_per_step"] < 1.0
+        # PostgreSQL's share of the machine: its CPU seconds over wall seconds over cores (a
+        # quick drain may fall inside one clock tick of /proc's CPU counters: 0 is possible)
+        for share in (p["pg_cpu_share"], g["pg_cpu_share"]):
+            assert 0 <= share <= 1.0
+        assert p["ratio"] == round(p["steps_per_s"] / g["steps_per_s"], 3)
+    text = run_onward(db_url, "bench", "throughput", "--quick", "--workers", "1,2", timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "pg CPU" in text.stdout and "1 -> 2 workers: steps/s x" in text.stdout
+
+
+def test_bench_workers_refuses_a_bad_count_in_one_line(db_url: str) -> None:
+    for bad, why in (
+        (("throughput", "--workers", "0"), "a whole number from 1 to 64"),
+        (("throughput", "--workers", "1,x"), "a whole number from 1 to 64"),
+        (("latency", "--workers", "1,2"), "takes one --workers count, not a list"),
+    ):
+        out = run_onward(db_url, "bench", *bad, "--quick", timeout=60)
+        assert out.returncode == 2, (bad, out.stderr)
+        assert why in out.stderr and "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_bench_storage_quick_measures_bytes_per_completed_run(db_url: str) -> None:
+    res = _bench(db_url, "storage", "--quick", "--json")
+    runs = res["options"]["runs"]
+    assert res["runs_completed"] == runs and res["steps"] == runs * res["steps_per_run"]
+    tables = res["tables"]
+    # a run is one runs row and one steps row per step, all on disk after VACUUM
+    assert tables["runs"]["rows"] == 1.0 and tables["steps"]["rows"] == res["steps_per_run"]
+    assert tables["history"]["rows"] > 0
+    for name in ("runs", "steps", "history"):
+        t = tables[name]
+        assert t["heap"] > 0  # each figure is rounded on its own: equal to a tenth
+        assert abs(t["total"] - (t["heap"] + t["indexes"] + t["toast"])) <= 0.2
+    assert abs(res["bytes_per_run"] - sum(t["total"] for t in tables.values())) <= 0.1
+    assert 0 < res["bytes_per_run_compact"] <= res["bytes_per_run"]
+    assert res["wal_bytes_per_run"] > 0
+    assert res["runs_per_100gb"] == int(100e9 / res["bytes_per_run"])

@@ -53,6 +53,19 @@ def test_bench_sweep_quick_prints_flat_figures(db_url: str) -> None:
 def test_bench_latency_quick_measures_both_modes(db_url: str) -> None:
     out = _onward(db_url, "bench", "latency", "--quick", "--json")
     assert out.returncode == 0, out.stderr
-    modes = {m["queue"]: m for m in json.loads(out.stdout)["modes"]}
+    res = json.loads(out.stdout)
+    modes = {m["queue"]: m for m in res["modes"]}
     assert modes["postgres"]["fired_by"].get("wake", 0) > 0
     assert modes["none"]["fired_by"] == {"sweep": 20}
+    # the burst: every timer due in the same second fired once, by the fast path or the sweep
+    bursts = {b["queue"]: b for b in res["burst"]}
+    assert set(bursts) == {"postgres", "redis"}
+    for b in bursts.values():
+        assert b["timers"] == 50 and sum(b["fired_by"].values()) == 50
+        assert set(b["fired_by"]) <= {"wake", "sweep"}
+        assert 0 <= b["lateness_ms_p50"] <= b["lateness_ms_p99"] <= b["lateness_ms_max"]
+        assert sum(b["fired_per_second_after_t"]) == 50
+        assert b["workers"]["lost"] == 0
+    # with PostgreSQL the relay published each wake after its instant, and the fire followed
+    published = bursts["postgres"]["published_ms"]
+    assert published is not None and published["p50"] >= 0

@@ -6,7 +6,22 @@
    the configured queue) and sweep-only (``ONWARD_QUEUE=none``: only the due sweep fires
    timers). The ceiling is the sweep interval: sweep-only lateness is bounded by it; the fast
    path should sit far below it.
-2. **Signal -> next step claimed** (the fast path, PostgreSQL queue). N runs wait on a
+2. **A burst: N timers due in the same second** (2,000 by default), with W worker processes
+   running (``python -m onward.bench.proc worker``: worker, relay and sweeper as ``onward
+   worker`` runs them), once per queue: ``postgres`` (the relay keeps each delayed wake in the
+   outbox until due, then NOTIFYs it) and ``redis`` (the relay hands each delayed wake to
+   Redis's delayed set at once; the consumers promote due ones to the ready list). N runs of a
+   ``wait_until`` step (the rule ``at <T>`` in UTC, spread 1 s: each timer at T plus its own
+   offset in ``[0, 1 s)``) are started through the library a few seconds ahead of T, their
+   timers written and the tables vacuumed and analyzed before T. Lateness is read from the
+   timers (``fired_at - due_at``), with who fired each: ``wake`` (the fast path: relay, queue,
+   worker) or ``sweep`` (the backstop). Where the time goes, from the database's clocks: with
+   PostgreSQL, when the relay published each timer's wake (``outbox.sent_at - due_at``) and
+   from there to the fire; with Redis the wake left the outbox long before T, so what follows
+   T is Redis's promotion and the worker's pop. Beside it: how long after its instant each run
+   completed (its next step, a ``set``, claimed and settled). ``knobs`` (from Python) set
+   batching knobs of the workers (``Settings`` fields) for the measurements that tuned them.
+3. **Signal -> next step claimed** (the fast path, PostgreSQL queue). N runs wait on a
    ``wait_signal`` step in a worker process (``python -m onward.bench.proc worker``: worker,
    relay, sweeper); this process delivers each run's signal through the library
    (``Engine.signal``), one every ``pace`` seconds. Measured by the database's clock from the
@@ -17,7 +32,7 @@
    wait if intake did not publish it itself (it does: ``signals.deliver`` notifies in its
    transaction; the outbox row and the relay are the fallback), and the timer fast path of
    the same sitting.
-3. **Signal intake over HTTP**. ``POST /v1/signals`` (with an API key) to the API in its own
+4. **Signal intake over HTTP**. ``POST /v1/signals`` (with an API key) to the API in its own
    process (``python -m onward.bench.proc api``, no worker) from ``clients`` concurrent
    keep-alive connections; each signal names a run whose step waits on it and is sent twice,
    in shuffled order (so some duplicates race their original): every first delivery must be
@@ -34,7 +49,10 @@ import asyncio
 import inspect
 import json
 import random
+import secrets
 import time
+from collections import Counter
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,6 +61,8 @@ import psycopg
 from onward.automations.builder import Automation
 from onward.bench import median, percentile
 from onward.bench.ceiling import (
+    cpu_delta,
+    cpu_snapshot,
     db_counters,
     db_delta,
     find_pgbench,
@@ -51,6 +71,7 @@ from onward.bench.ceiling import (
     settle_stats,
 )
 from onward.bench.db import scratch_database
+from onward.bench.monday import _db_now, _starts, _vacuum
 from onward.bench.proc import Child
 from onward.bench.start import _read_response
 from onward.config import Settings
@@ -105,6 +126,207 @@ async def _mode(url: str, queue: str, runs: int, sweep_s: float, redis_url: str)
         "lateness_ms_max": round(max(late, default=0.0), 1),
         "fired_by": by,
     }
+
+
+# -- a burst: N timers due in the same second ----------------------------------------------------
+
+BURST_AUTOMATION = "bench-burst"
+BURST_SPREAD_S = 1.0  # every timer at T + its own offset in [0, 1 s): the same second
+BURST_LANES, BURST_CLAIM_BATCH, BURST_POOL = "wait=64,fast=64", 32, 10
+
+
+def _burst_flow(instant: datetime) -> dict[str, Any]:
+    wall = instant.replace(tzinfo=None).isoformat()  # UTC wall time, whole seconds
+    return (
+        Automation(BURST_AUTOMATION)
+        .step("wait", "wait_until", rule=f"at {wall}", zone="UTC", spread=f"{BURST_SPREAD_S}s")
+        .step("after", "set", values={"woke": "true"})
+        .build()
+    )
+
+
+def _burst_workers(
+    url: str,
+    org: str,
+    queue: str,
+    workers: int,
+    redis_url: str,
+    prefix: str,
+    knobs: dict[str, Any],
+) -> list[Child]:
+    args = [
+        "worker",
+        "--url",
+        url,
+        "--org",
+        org,
+        "--queue",
+        queue,
+        "--redis-url",
+        redis_url,
+        "--prefix",
+        prefix,
+        "--lanes",
+        BURST_LANES,
+        "--batch",
+        str(BURST_CLAIM_BATCH),
+        "--pool",
+        str(BURST_POOL),
+        "--poll",
+        "2.0",
+        "--sweep",
+        "2.0",
+    ]
+    for name, value in knobs.items():
+        args += ["--set", f"{name}={value}"]
+    children = [Child(*args) for _ in range(workers)]
+    for c in children:
+        c.wait_ready()
+    return children
+
+
+def _poll_until(
+    conn: psycopg.Connection[Any], query: str, params: Any, n: int, what: str, timeout: float
+) -> None:
+    limit = time.monotonic() + timeout
+    while True:
+        row = conn.execute(query, params).fetchone()
+        got = int(row[0]) if row else 0
+        if got >= n:
+            return
+        if time.monotonic() > limit:
+            raise RuntimeError(f"{what}: {got} of {n} after {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+BURST_FIGURES = """
+SELECT extract(epoch FROM tm.fired_at - tm.due_at)::float8 * 1000,
+       tm.fired_by,
+       extract(epoch FROM o.sent_at - tm.due_at)::float8 * 1000,
+       extract(epoch FROM tm.fired_at - o.sent_at)::float8 * 1000,
+       extract(epoch FROM r.finished_at - tm.due_at)::float8 * 1000,
+       extract(epoch FROM tm.due_at - %(t)s::timestamptz)::float8
+FROM timers tm
+JOIN runs r ON r.org_id = tm.org_id AND r.run_id = tm.run_id
+LEFT JOIN outbox o ON o.org_id = tm.org_id AND o.topic = 'timer'
+     AND o.job_id = onward_timer_wake_id(tm.org_id, tm.timer_id, tm.wake_n)
+WHERE tm.org_id = %(org)s
+"""
+
+
+def _burst_mode(
+    url: str,
+    queue: str,
+    n: int,
+    workers: int,
+    lead_s: float,
+    redis_url: str,
+    knobs: dict[str, Any],
+) -> dict[str, Any]:
+    prefix = f"bench-burst-{secrets.token_hex(4)}"  # the shared Redis: keys of this mode only
+    org = f"burst-{queue}-{secrets.token_hex(2)}"
+    children = _burst_workers(url, org, queue, workers, redis_url, prefix, knobs)
+    try:
+        for c in children:
+            c.send("go")
+        t = (_db_now(url) + timedelta(seconds=lead_s)).replace(microsecond=0)
+        asyncio.run(_burst_publish(url, org, _burst_flow(t)))
+        start_s = asyncio.run(_starts(url, org, BURST_AUTOMATION, n, "b"))
+        with psycopg.connect(url, autocommit=True) as conn:
+            _poll_until(
+                conn,
+                "SELECT count(*) FROM timers WHERE org_id = %s",
+                (org,),
+                n,
+                "timers written",
+                timeout=lead_s,
+            )
+            row = conn.execute(
+                "SELECT extract(epoch FROM %s::timestamptz - now())::float8, count(*) FILTER "
+                "(WHERE due_at >= %s AND due_at < %s) FROM timers WHERE org_id = %s",
+                (t, t, t + timedelta(seconds=BURST_SPREAD_S), org),
+            ).fetchone()
+            assert row is not None
+            slack_s, in_second = float(row[0]), int(row[1])
+            if slack_s < 0.5 or in_second != n:
+                raise RuntimeError(
+                    f"the burst's setup was slower than planned: {in_second} of {n} timers in "
+                    f"the second after T, written {slack_s:.1f} s before T (a loaded machine? "
+                    "try fewer --runs)"
+                )
+            _vacuum(url)
+            time.sleep(max(0.0, (t - _db_now(url)).total_seconds() - 0.2))
+            cpu0 = cpu_snapshot()
+            _poll_until(
+                conn,
+                "SELECT count(*) FROM runs WHERE org_id = %s AND finished_at IS NOT NULL",
+                (org,),
+                n,
+                "runs completed after the burst",
+                timeout=60 + n * 0.02,
+            )
+            cpu = cpu_delta(cpu0, cpu_snapshot())
+        for c in children:
+            c.send("stop")
+        done = [c.finish() for c in children]
+    finally:
+        for c in children:
+            c.kill()
+        if queue == "redis":
+            _drop_redis_keys(redis_url, prefix)
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(BURST_FIGURES, {"t": t, "org": org}).fetchall()
+    late = [r[0] for r in rows]
+    fired_at_s = Counter(int((r[5] * 1000 + r[0]) // 1000) for r in rows)
+    legs: dict[str, list[float]] = {"published": [], "published_to_fired": []}
+    if queue == "postgres":  # with Redis the wake left the outbox long before T
+        legs["published"] = [r[2] for r in rows if r[2] is not None and r[1] == "wake"]
+        legs["published_to_fired"] = [r[3] for r in rows if r[3] is not None and r[1] == "wake"]
+    return {
+        "queue": queue,
+        "timers": len(rows),
+        "instant": t.isoformat(),
+        "slack_s": round(slack_s, 1),
+        "starts_per_s": round(n / start_s, 1),
+        "lateness_ms_p50": round(median(late), 1),
+        "lateness_ms_p99": round(percentile(late, 99), 1),
+        "lateness_ms_max": round(max(late, default=0.0), 1),
+        "fired_by": dict(Counter(r[1] for r in rows)),
+        "published_ms": _dist(legs["published"]) if legs["published"] else None,
+        "published_to_fired_ms": (
+            _dist(legs["published_to_fired"]) if legs["published_to_fired"] else None
+        ),
+        "completed_ms": _dist([r[4] for r in rows if r[4] is not None]),
+        "fired_per_second_after_t": [fired_at_s.get(i, 0) for i in range(max(fired_at_s) + 1)]
+        if fired_at_s
+        else [],
+        "knobs": knobs,
+        "machine_busy": cpu["machine_busy"],
+        "pg_cpu_s": cpu["pg_cpu_s"],
+        "workers": {
+            "n": workers,
+            "relayed": sum(d["relayed"] for d in done),
+            "lost": sum(d["stats"]["lost"] for d in done),
+        },
+    }
+
+
+async def _burst_publish(url: str, org: str, doc: dict[str, Any]) -> None:
+    settings = Settings(database_url=url, org_id=org, queue="postgres")
+    async with Engine.open(settings, migrate=False, start_queue=False) as engine:
+        await engine.publish(doc)
+
+
+def _drop_redis_keys(redis_url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    finally:
+        client.close()
 
 
 # -- signals: the runs that wait, the clocks ----------------------------------------------------
@@ -388,9 +610,29 @@ def run(
     redis_url: str = "redis://127.0.0.1:6379/0",
     clients: int | None = None,
     pool: int | None = None,
+    burst: int | None = None,
+    burst_queues: tuple[str, ...] = ("postgres", "redis"),
+    workers: int | None = None,
+    knobs: dict[str, Any] | None = None,
+    only_burst: bool = False,
 ) -> dict[str, Any]:
     """``runs``: timers per mode and signals delivered one by one; the HTTP intake sends
-    ten times as many requests (half of them duplicates)."""
+    ten times as many requests (half of them duplicates). ``burst``: timers due in the same
+    second, per queue of ``burst_queues``, with ``workers`` worker processes (2). From Python
+    only: ``knobs`` (Settings fields of the burst's workers) and ``only_burst`` (the burst
+    alone, for tuning)."""
+    burst = burst or (50 if quick else 2_000)
+    w = workers or 2
+    lead_s = (4.0 if quick else 6.0) + burst * 0.004
+    if only_burst:
+        with scratch_database(admin_url, "latency") as url:
+            return {
+                "bench": "latency",
+                "burst": [
+                    _burst_mode(url, q, burst, w, lead_s, redis_url, knobs or {})
+                    for q in burst_queues
+                ],
+            }
     runs = runs or (20 if quick else 200)
     requests = runs * 10
     requests += requests % 2
@@ -400,6 +642,9 @@ def run(
     with scratch_database(admin_url, "latency") as url:
         fast = asyncio.run(_mode(url, queue, runs, sweep_s, redis_url))
         sweep_only = asyncio.run(_mode(url, "none", runs, sweep_s, redis_url))
+        bursts = [
+            _burst_mode(url, q, burst, w, lead_s, redis_url, knobs or {}) for q in burst_queues
+        ]
         signal = asyncio.run(_signal_latency(url, runs, pace=0.02))
         intake = _signal_http(url, requests, k, pool)
         intake["ceiling"] = _ceiling(url, k, requests // 2)
@@ -410,9 +655,45 @@ def run(
         "runs": runs,
         "sweep_interval_ms": sweep_s * 1000,
         "modes": [fast, sweep_only],
+        "burst": bursts,
         "signal": signal,
         "signal_http": intake,
     }
+
+
+def _render_burst(bursts: list[dict[str, Any]]) -> list[str]:
+    b0 = bursts[0]
+    lines = [
+        "",
+        f"a burst: {b0['timers']} timers due in the same second (T + each its own offset in "
+        f"[0, 1 s)), {b0['workers']['n']} worker processes running (worker, relay, sweeper); "
+        "fired by wake = the fast path (relay, queue, worker), sweep = the backstop",
+        f"{'queue':<10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'done p99':>9}  "
+        f"{'fired per second after T':<26} fired by",
+    ]
+    for b in bursts:
+        lines.append(
+            f"{b['queue']:<10} {b['lateness_ms_p50']:>8.1f} {b['lateness_ms_p99']:>8.1f} "
+            f"{b['lateness_ms_max']:>8.1f} {b['completed_ms']['p99']:>9.1f}  "
+            f"{b['fired_per_second_after_t']!s:<26} {b['fired_by']}"
+        )
+    for b in bursts:
+        where = []
+        if b.get("published_ms"):
+            p, f = b["published_ms"], b["published_to_fired_ms"]
+            where.append(
+                f"relay published the wake p50 {p['p50']:.1f} / p99 {p['p99']:.1f} ms after "
+                f"its instant, fired p50 {f['p50']:.1f} / p99 {f['p99']:.1f} ms after that"
+            )
+        elif b["queue"] == "redis":
+            where.append("wakes were in Redis's delayed set before T")
+        knobs = f"; knobs {b['knobs']}" if b.get("knobs") else ""
+        lines.append(
+            f"  {b['queue']}: {'; '.join(where)}; timers written {b['slack_s']:.1f} s before T "
+            f"({b['starts_per_s']:.0f} starts/s); machine busy "
+            f"{(b['machine_busy'] or 0) * 100:.0f}%{knobs}"
+        )
+    return lines
 
 
 def render(res: dict[str, Any]) -> str:
@@ -427,6 +708,9 @@ def render(res: dict[str, Any]) -> str:
             f"{name:<18} {m['lateness_ms_p50']:>8.1f} {m['lateness_ms_p99']:>8.1f} "
             f"{m['lateness_ms_max']:>8.1f}  {m['fired_by']}"
         )
+    bursts = res.get("burst") or []
+    if bursts:
+        lines += _render_burst(bursts)
     sig = res.get("signal")
     if sig:
         fast_path = res["modes"][0]

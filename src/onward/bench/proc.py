@@ -175,13 +175,40 @@ def _direct_call() -> None:
 WHAT_IF: dict[str, Any] = {**POOL_WHAT_IF, "direct-call": _direct_call}
 
 
+def _knobs(pairs: list[str]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` (repeatable): a Settings field of the worker, typed as its default
+    is, int or float (the batching knobs the latency bench tunes: ``relay_poll_seconds=0.05``)."""
+    from dataclasses import fields
+
+    from onward.config import Settings
+
+    kinds = {f.name: type(f.default).__name__ for f in fields(Settings) if f.init}
+    cast: dict[str, Any] = {"int": lambda v: int(float(v)), "float": float}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, _, raw = pair.partition("=")
+        if kinds.get(name) not in cast:
+            raise SystemExit(f"--set {pair!r}: not a numeric Settings field")
+        out[name] = cast[kinds[name]](raw)
+    return out
+
+
 async def _worker(a: argparse.Namespace) -> None:
     from onward import metrics
     from onward.engine import Engine
     from onward.worker import Worker, lanes_from_spec
 
     metrics.configure(a.metrics)  # off: every increment returns at once
-    settings = _settings(a.url, a.org, a.queue, poll_seconds=a.poll, sweep_seconds=a.sweep)
+    settings = _settings(
+        a.url,
+        a.org,
+        a.queue,
+        poll_seconds=a.poll,
+        sweep_seconds=a.sweep,
+        redis_url=a.redis_url,
+        queue_prefix=a.prefix,
+        **_knobs(a.set),
+    )
     lanes = lanes_from_spec(a.lanes, {})
     sql = SqlCounter() if a.count_sql else None
     if sql is not None:
@@ -331,7 +358,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--pool", type=int, default=10)
     w.add_argument("--poll", type=float, default=2.0)
     w.add_argument("--sweep", type=float, default=2.0)
-    w.add_argument("--queue", choices=("postgres", "none"), default="postgres")
+    w.add_argument("--queue", choices=("postgres", "redis", "none"), default="postgres")
+    w.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    w.add_argument("--prefix", default="onward", help="the queue's prefix (ONWARD_QUEUE_PREFIX)")
+    w.add_argument("--set", action="append", default=[], help="a Settings knob: NAME=VALUE")
     w.add_argument("--automation", action="append", default=[])
     w.add_argument("--relay", action=argparse.BooleanOptionalAction, default=True)
     w.add_argument("--sweeper", action=argparse.BooleanOptionalAction, default=True)

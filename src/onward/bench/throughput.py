@@ -19,11 +19,23 @@ One sitting, on a scratch database, in this order:
 4. **live**: W fresh workers run while N more runs are started: start-to-completion latency.
 
 The ratio printed is engine steps/s over the minimal loop's steps/s.
+
+**A scaling curve** (``--workers 1,2,4,8``, ``run(..., curve=[1, 2, 4, 8])``): instead of the
+sitting above, the drain (2.) at each worker count in turn, each beside the grouped ceiling
+(the plain loop settling a claimed batch's steps in one statement each) with as many
+processes and connections, printing per point steps/s, commits per step and PostgreSQL's CPU
+share: the server's CPU seconds over wall seconds over the machine's cores (the share of the
+machine the server used; every PostgreSQL process on the machine is counted, so other load on
+a shared server shows in it). Where more workers stop adding steps/s while the server's share
+stops growing, PostgreSQL (or the machine) is saturated. Connections per worker shrink as
+workers grow (at most 10, ``CURVE_CONNECTIONS`` over all workers), so 8 workers stay within
+the server's ``max_connections``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -64,6 +76,7 @@ FLOW = (
 )
 TARGET_STEPS_PER_S = 1500.0
 TARGET_RSS_MB = 150.0
+CURVE_CONNECTIONS = 32  # pool connections of all the workers of a curve point together
 
 
 def _settings(url: str, org: str) -> Settings:
@@ -421,6 +434,91 @@ def _live(url: str, o: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# -- the scaling curve ---------------------------------------------------------------------------
+
+
+def _pg_share(tier: dict[str, Any], cores: int) -> float:
+    """PostgreSQL's CPU seconds over the tier's wall seconds over the machine's cores."""
+    pg_s = tier["pg_cpu_ms_per_step"] * tier["steps"] / 1000
+    return round(pg_s / max(tier["elapsed_s"], 1e-9) / cores, 3)
+
+
+def _curve_point(url: str, o: dict[str, Any], workers: int, cores: int) -> dict[str, Any]:
+    p = {**o, "workers": workers, "conns": max(2, min(o["conns"], CURVE_CONNECTIONS // workers))}
+    org = f"curve{workers}"
+    asyncio.run(_publish(url, [org]))
+    eng = _drain(url, p, org=org)["engine"]
+    grouped = _loop_tier(url, "grouped", p, 0)
+    return {
+        "workers": workers,
+        "conns_per_worker": p["conns"],
+        "steps": eng["steps"],
+        "steps_per_s": eng["steps_per_s"],
+        "commits_per_step": eng["commits_per_step"],
+        "pg_cpu_share": _pg_share(eng, cores),
+        "machine_busy": eng["machine_busy"],
+        "lost": eng["lost"],
+        "grouped": {
+            "steps": grouped["steps"],
+            "steps_per_s": grouped["steps_per_s"],
+            "commits_per_step": grouped["commits_per_step"],
+            "pg_cpu_share": _pg_share(grouped, cores),
+            "machine_busy": grouped["machine_busy"],
+        },
+        "ratio": round(eng["steps_per_s"] / max(grouped["steps_per_s"], 1e-9), 3),
+    }
+
+
+def _run_curve(admin_url: str, o: dict[str, Any], counts: list[int]) -> dict[str, Any]:
+    cores = os.cpu_count() or 1
+    with scratch_database(admin_url, "throughput") as url:
+        points = [_curve_point(url, o, w, cores) for w in counts]
+    return {
+        "bench": "throughput",
+        "steps_per_run": STEPS,
+        "options": {**o, "workers": counts},
+        "cores": cores,
+        "curve": points,
+    }
+
+
+def _render_curve(res: dict[str, Any]) -> str:
+    o = res["options"]
+    lines = [
+        f"throughput scaling curve: {o['runs']} runs x {res['steps_per_run']} no-op set steps "
+        f"per point (lane fast={o['capacity']}, claim batch {o['batch']}, eager, relay + "
+        f"sweeper on); beside each, the grouped ceiling ({o['loop_batch']} settles a "
+        f"statement) with as many processes and connections; pg CPU share = PostgreSQL's CPU "
+        f"seconds / wall seconds / {res['cores']} cores",
+        "",
+        f"{'workers':>7} {'conns':>5} | {'steps/s':>8} {'commits':>8} {'pg CPU':>7} {'busy':>5} "
+        f"| {'grouped':>8} {'commits':>8} {'pg CPU':>7} {'busy':>5} | {'engine /':>8}",
+        f"{'':>7} {'each':>5} | {'':>8} {'/step':>8} {'share':>7} {'':>5} "
+        f"| {'steps/s':>8} {'/step':>8} {'share':>7} {'':>5} | {'grouped':>8}",
+    ]
+    prev: dict[str, Any] | None = None
+    notes = []
+    for p in res["curve"]:
+        g = p["grouped"]
+        lines.append(
+            f"{p['workers']:>7} {p['conns_per_worker']:>5} | {p['steps_per_s']:>8.0f} "
+            f"{p['commits_per_step']:>8.3f} {p['pg_cpu_share'] * 100:>6.0f}% "
+            f"{(p['machine_busy'] or 0) * 100:>4.0f}% | {g['steps_per_s']:>8.0f} "
+            f"{g['commits_per_step']:>8.3f} {g['pg_cpu_share'] * 100:>6.0f}% "
+            f"{(g['machine_busy'] or 0) * 100:>4.0f}% | {p['ratio']:>8.2f}"
+        )
+        if prev is not None:
+            gain = p["steps_per_s"] / max(prev["steps_per_s"], 1e-9)
+            notes.append(
+                f"{prev['workers']} -> {p['workers']} workers: steps/s x{gain:.2f}, pg CPU share "
+                f"{prev['pg_cpu_share'] * 100:.0f}% -> {p['pg_cpu_share'] * 100:.0f}%"
+            )
+        prev = p
+    if notes:
+        lines += ["", *notes]
+    return "\n".join(lines)
+
+
 # -- the bench -----------------------------------------------------------------------------------
 
 
@@ -437,9 +535,12 @@ def run(
     reps: int | None = None,
     live: bool = True,
     what_if: list[str] | None = None,
+    curve: list[int] | None = None,
 ) -> dict[str, Any]:
     """``what_if`` (diagnosis, from Python only): extra drains, each with one change patched
-    into the worker processes (see ``onward.bench.proc.WHAT_IF``), printed as extra rows."""
+    into the worker processes (see ``onward.bench.proc.WHAT_IF``), printed as extra rows.
+    ``curve``: worker counts; the drain and the grouped ceiling at each instead (a scaling
+    curve, see the module's docstring)."""
     o: dict[str, Any] = {
         "runs": runs or (30 if quick else 2_000),
         "workers": workers or (1 if quick else 2),
@@ -450,6 +551,8 @@ def run(
         "starters": starters or (4 if quick else 16),
         "reps": reps or (1 if quick else 3),
     }
+    if curve:
+        return _run_curve(admin_url, o, list(curve))
     n, w, c = o["runs"], o["workers"], o["conns"]
     res: dict[str, Any] = {"bench": "throughput", "steps_per_run": STEPS, "options": o}
     extra = list(what_if or [])
@@ -500,6 +603,8 @@ def run(
 
 
 def render(res: dict[str, Any]) -> str:
+    if "curve" in res:
+        return _render_curve(res)
     o, st, eng, ceil = res["options"], res["starts"], res["engine"], res["ceiling"]
     w, c = o["workers"], o["conns"]
     lines = [

@@ -18,6 +18,9 @@ def make_queue(settings: Settings, database_url: str) -> Queue:
             settings.redis_url,
             prefix=settings.queue_prefix,
             allow_eviction=settings.redis_allow_eviction,
+            block_s=settings.redis_block_seconds,
+            promote_batch=settings.redis_promote_batch,
+            take_batch=settings.redis_take_batch,
         )
     from onward.queue.none import NoQueue
 

@@ -20,10 +20,13 @@ carry the attempt or wake number (``onward.ids``): a retry is a new id, not a du
 
 Due times come from Redis ``TIME`` inside the scripts, never from a client clock, so workers
 with drifting clocks agree on when a delayed wake is due. Consumers promote due delayed jobs
-of their lanes to the ready lists, then block on the lists for at most ``block_s`` (0.5 s),
-or less when the earliest delayed job is due sooner. A delayed wake is therefore delivered at
-its due time, at most ~``block_s`` late when it was published while every consumer was already
-blocked; it is never delivered early.
+of their lanes to the ready lists and take up to ``take_batch`` ready jobs in the same script
+(one round trip for a burst of due timers, not two per wake), then block on the lists for at
+most ``block_s`` (0.5 s), or until one Redis server tick before the earliest delayed job is
+due, and wait the rest in short slices (a BRPOP times out only at a server tick: 100 ms at the
+default ``hz``). A delayed wake is therefore delivered at its due time, at most ~``block_s``
+late when it was published while every consumer was already blocked; it is never delivered
+early.
 
 A wake popped by a consumer that dies before handling it is lost: wakes are hints, and the
 worker's polling and the due sweep (R7) recover. Redis must run ``maxmemory-policy
@@ -76,13 +79,15 @@ redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
 return 1
 """
 
-# KEYS: delayed zset, ready list, delayed zset, ready list, ... ARGV: max jobs moved per lane.
-# Returns {moved, ms until the earliest remaining delayed job is due (-1: none)}.
-_PROMOTE = """
+# KEYS: delayed zset, ready list, delayed zset, ready list, ... ARGV: max jobs moved per lane,
+# max jobs taken in all. Promotes each lane's due delayed jobs to its ready list, then takes
+# ready jobs, lane by lane in the order given (the caller rotates it, so no lane starves).
+# Returns {ms until the earliest remaining delayed job is due (-1: none), {jobs taken}}.
+_TAKE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local limit = tonumber(ARGV[1])
-local moved = 0
+local take = tonumber(ARGV[2])
 local wait = -1
 for i = 1, #KEYS, 2 do
   local due = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', now, 'LIMIT', 0, limit)
@@ -91,7 +96,6 @@ for i = 1, #KEYS, 2 do
       redis.call('LPUSH', KEYS[i + 1], job)
     end
     redis.call('ZREM', KEYS[i], unpack(due))
-    moved = moved + #due
   end
   local head = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
   if head[2] then
@@ -101,12 +105,29 @@ for i = 1, #KEYS, 2 do
     end
   end
 end
-return {moved, wait}
+local jobs = {}
+for i = 2, #KEYS, 2 do
+  while #jobs < take do
+    local job = redis.call('RPOP', KEYS[i])
+    if not job then
+      break
+    end
+    jobs[#jobs + 1] = job
+  end
+end
+return {wait, jobs}
 """
 
 _BACKOFF_START_S = 0.1
 _BACKOFF_MAX_S = 5.0
 _MIN_BLOCK_S = 0.01  # BRPOP's timeout 0 means "forever": never ask for less than this
+# Redis times a blocked BRPOP out at its next server tick, not at the timeout asked for: up to
+# 1/hz late (100 ms at the default hz 10; measured: a 10 ms BRPOP returns after ~100 ms). A
+# consumer that blocked until the next delayed job is due would deliver it that late, so it
+# blocks until one tick before, and waits the last stretch here, in slices, taking again after
+# each (an immediate wake then waits at most one slice).
+_SERVER_TICK_S = 0.1
+_SLICE_S = 0.01
 _OP_TIMEOUT_S = 10.0  # a Redis round trip that takes longer is treated as a lost connection
 
 # Timeouts: the clients run with socket_timeout=None and every call is wrapped in
@@ -136,6 +157,7 @@ class RedisQueue(Queue):
         *,
         block_s: float = 0.5,
         promote_batch: int = 100,
+        take_batch: int = 100,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -143,6 +165,7 @@ class RedisQueue(Queue):
         self.retention_s = retention_s
         self.block_s = block_s
         self.promote_batch = promote_batch
+        self.take_batch = take_batch
         self._client: aioredis.Redis | None = None
         self._warned_config = False  # health() runs often: say "CONFIG refused" once
 
@@ -297,8 +320,6 @@ class RedisQueue(Queue):
         lanes = list(dict.fromkeys(lanes))
         if not lanes:
             await asyncio.Event().wait()  # nothing to consume; returns only when cancelled
-        pairs = [k for lane in lanes for k in (self.delayed_key(lane), self.ready_key(lane))]
-        ready = [self.ready_key(lane) for lane in lanes]
         backoff = _BACKOFF_START_S
         lost = False
         turn = 0
@@ -313,19 +334,34 @@ class RedisQueue(Queue):
                     if on_reconnect is not None:
                         on_reconnect()
                 lost, backoff = False, _BACKOFF_START_S
-                promote = conn.register_script(_PROMOTE)
+                take = conn.register_script(_TAKE)
                 while True:
+                    # Rotate the lanes: jobs are taken (and BRPOP serves) in list order, so a
+                    # fixed order would let one busy lane starve the others.
+                    turn = (turn + 1) % len(lanes)
+                    order = lanes[turn:] + lanes[:turn]
+                    keys = [
+                        k for lane in order for k in (self.delayed_key(lane), self.ready_key(lane))
+                    ]
                     async with asyncio.timeout(self.block_s + _OP_TIMEOUT_S):
-                        _moved, wait_ms = await promote(
-                            keys=pairs, args=[self.promote_batch], client=conn
+                        wait_ms, jobs = await take(
+                            keys=keys, args=[self.promote_batch, self.take_batch], client=conn
                         )
+                        for raw in jobs:
+                            self._deliver(raw, on_wake)
+                        _raise_if_cancel_was_swallowed()
+                        if len(jobs) >= self.take_batch:
+                            continue  # more may be ready
+                        wait = int(wait_ms) / 1000 if int(wait_ms) >= 0 else None
+                        if wait is not None and wait < _SERVER_TICK_S + _MIN_BLOCK_S:
+                            await asyncio.sleep(min(wait, _SLICE_S))
+                            continue
                         timeout = self.block_s
-                        if int(wait_ms) >= 0:
-                            timeout = min(timeout, max(_MIN_BLOCK_S, int(wait_ms) / 1000))
-                        # Rotate the lanes: BRPOP serves the first non-empty list, so a fixed
-                        # order would let one busy lane starve the others.
-                        turn = (turn + 1) % len(ready)
-                        item = await conn.brpop(ready[turn:] + ready[:turn], timeout=timeout)
+                        if wait is not None:
+                            timeout = min(timeout, wait - _SERVER_TICK_S)
+                        item = await conn.brpop(
+                            [self.ready_key(lane) for lane in order], timeout=timeout
+                        )
                     if item is not None:
                         self._deliver(item[1], on_wake)
                     _raise_if_cancel_was_swallowed()
