@@ -608,7 +608,12 @@ def start_many(
     ({"automation_id": ..., "input": {...}, "event_id"?, "key"?, "version"?, "contact_id"?}).
 
     One answer per start, in order. The batch is whole or nothing: a bad start, an unknown
-    automation or an erased contact starts nothing (exit 2, naming the start)."""
+    automation or an erased contact starts nothing (exit 2, naming the start).
+
+    \b
+    Example:
+        onward start-many starts.jsonl
+    """
     from pydantic import ValidationError
 
     from onward.api.models import StartBatchItem, StartBatchRequest

@@ -35,7 +35,6 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import uvicorn
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, make_asgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -336,14 +335,6 @@ class HealthGauges:
             LEADER.set(0)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the host process owns the signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 @contextlib.asynccontextmanager
 async def serving(port: int | None, host: str = "127.0.0.1") -> AsyncIterator[int | None]:
     """Serve this process's metrics on ``host:port`` (``onward worker --metrics-port``; 0: a
@@ -366,6 +357,15 @@ async def serving(port: int | None, host: str = "127.0.0.1") -> AsyncIterator[in
             f"metrics: cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from None
     sock.setblocking(False)
+    import uvicorn  # here: a process that serves no metrics port never loads it
+
+    class _Server(uvicorn.Server):
+        """uvicorn without its own signal handling: the host process owns the signals."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
     config = uvicorn.Config(
         make_asgi_app(REGISTRY),
         lifespan="off",

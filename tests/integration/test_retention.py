@@ -211,7 +211,7 @@ async def test_engine_retention_set_show_prune_and_refusals(
     done = await engine.prune(max_runs=25)
     assert done["pruned"] == 25 and done["due"] == 5
     done = await engine.prune()
-    assert done["pruned"] == 5 and done["due"] == 0 and done["rows"]["history"] == 40
+    assert done["pruned"] == 5 and done["due"] == 0 and done["rows"]["history"] == 20
     for bad, kw in ((0.5, {}), (40_000, {}), (math.nan, {}), (5, {"keep_forever": True})):
         with pytest.raises(InvalidInput):
             await engine.set_retention(bad, **kw)
@@ -305,7 +305,7 @@ async def test_the_sweeper_prunes_100000_finished_runs_while_workers_keep_comple
         f"({3 * len(during) / took:.1f} steps/s), longest gap {max(gaps):.2f}s"
     )
     assert stats.runs == backlog and stats.rows["steps"] == 2 * backlog
-    assert stats.rows["history"] == 8 * backlog
+    assert stats.rows["history"] == 4 * backlog  # run_started, step_ready, two step_done (fill)
     assert stats.batches >= backlog // 500  # never more than 500 runs a transaction
     assert (
         sql.execute("SELECT count(*) AS n FROM history WHERE run_id LIKE 'run_test_%'").fetchone()[
@@ -337,7 +337,7 @@ async def test_doctor_reports_the_oldest_finished_run_and_the_table_sizes(
     assert 40 < behind.value["test"]["age_days"] < 40.1 and behind.value["test"]["days"] == 30
     sizes = checks["table_sizes"].value
     assert set(sizes) == set(tables(sql))
-    assert sizes["runs"]["rows"] == 50 and sizes["history"]["rows"] == 400
+    assert sizes["runs"]["rows"] == 50 and sizes["history"]["rows"] == 200
     assert all(v["bytes"] > 0 for v in sizes.values())
     await engine.prune()
     assert {c.name: c for c in await run_checks(engine)}["retention"].ok
@@ -384,7 +384,7 @@ def test_bench_retention_quick_prunes_the_whole_backlog_beside_the_workers(db_ur
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["backlog"] == 5_000 and res["pruned"] == 5_000 and res["left"] == 0
-    assert res["rows_deleted"]["history"] == 8 * 5_000
+    assert res["rows_deleted"]["history"] == 4 * 5_000
     assert res["batches"] >= 10  # 500 runs a batch at most
     for phase in ("before", "pruning", "between", "after"):
         assert res[phase]["steps"] > 0 and res[phase]["steps_per_s"] > 0, phase

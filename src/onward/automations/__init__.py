@@ -1,7 +1,33 @@
-"""Automations: documents, validation, CEL, the Python builder, and published versions."""
+"""Automations: documents, validation, CEL, the Python builder, and published versions.
 
-from onward.automations.builder import Automation
-from onward.automations.document import AutomationDoc, load_file, parse_text
-from onward.automations.validate import validate
+Its names are imported when first used (PEP 562): ``onward.kinds`` imports
+``onward.automations.document`` and ``onward.automations.validate`` imports ``onward.kinds``, so
+a package that imported them all here would make the order of a process's first imports
+matter."""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onward.automations.builder import Automation
+    from onward.automations.document import AutomationDoc, load_file, parse_text
+    from onward.automations.validate import validate
+
+_LAZY = {
+    "Automation": "onward.automations.builder",
+    "AutomationDoc": "onward.automations.document",
+    "load_file": "onward.automations.document",
+    "parse_text": "onward.automations.document",
+    "validate": "onward.automations.validate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onward.automations' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = ["Automation", "AutomationDoc", "load_file", "parse_text", "validate"]

@@ -51,6 +51,10 @@ def _uvicorn_config(
         access_log=log_level in ("debug", "trace"),
         proxy_headers=False,
         timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
+        # h11 and the standard loop, whatever is installed: a dropped connection after the work
+        # (faults.drop_after_work) relies on how h11's protocol closes a response never sent
+        http="h11",
+        loop="asyncio",
     )
 
 
