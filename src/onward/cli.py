@@ -839,12 +839,16 @@ async def _serve(
                 w.cancel()
 
         _on_signals(stop, hurry)
+        orphaned = None
         if parent_pid is not None:
-            waiters.append(asyncio.ensure_future(_orphaned(parent_pid)))
+            orphaned = asyncio.ensure_future(_orphaned(parent_pid))
+            waiters.append(orphaned)
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.set()
+            if orphaned is not None:
+                orphaned.cancel()  # a watch, not a part to wait for
             if api is not None:
                 await api.stop()
             if svc is not None:

@@ -1,4 +1,4 @@
-"""`onward bench throughput|start|metrics --quick` as real commands.
+"""`onward bench throughput|start|metrics|storage|intake --quick` as real commands.
 
 These prove the commands work and their figures hang together; they assert no timing target
 (the benches never run as timed tests: these machines are shared and noisy)."""
@@ -35,6 +35,8 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     assert 0 < settles <= 1.0
     assert 0 < eng["commits_per_step"] < 1.5 and eng["xids_per_step"] > 0
     assert "history" in eng["tables"] and "runs" in eng["tables"]
+    # one history row per step: a claim writes none, a run's completion rides on its last step
+    assert eng["tables"]["history"]["ins_per_step"] <= 1.05
     assert eng["worker_rss_mb"] and all(0 < mb < 1024 for mb in eng["worker_rss_mb"])
     assert res["starts"]["starts_per_s"] > 0
     # the ceiling: the same number of steps by the plain loops, in the same sitting
@@ -149,3 +151,18 @@ def test_bench_storage_quick_measures_bytes_per_completed_run(db_url: str) -> No
     assert 0 < res["bytes_per_run_compact"] <= res["bytes_per_run"]
     assert res["wal_bytes_per_run"] > 0
     assert res["runs_per_100gb"] == int(100e9 / res["bytes_per_run"])
+
+
+def test_bench_intake_quick_answers_every_delivery_with_one_commit(db_url: str) -> None:
+    res = _bench(db_url, "intake", "--quick", "--json")
+    assert res["api_processes"] == 2
+    for phase in ("open", "paced"):
+        r = res[phase]
+        assert r["consistent"], r  # every answer 2xx, at most one run per event id
+        assert r["requests"] > 0 and r["per_s"] > 0
+        assert 0 < r["latency_ms_p50"] <= r["latency_ms_p99"]
+    # a new start and a duplicate of one committed earlier: one commit each (a duplicate
+    # racing its original a second; each API connection's first loan sets its organisation)
+    assert res["commits_per_request"] < 1.2, res
+    assert res["paced"]["runs_in_database"] == res["paced"]["ids_sent"]
+    assert res["ceiling_per_s"] > 0 and res["ratio"] is not None

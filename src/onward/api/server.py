@@ -57,7 +57,7 @@ class ApiServer:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        log_level: str = "info",
+        log_level: str | None = None,
         access_log: bool = True,
         own_logging: bool = False,
         graceful_seconds: float = 10.0,
@@ -70,7 +70,7 @@ class ApiServer:
             app,
             host=host,
             port=port,
-            log_level=log_level,
+            log_level=log_level,  # None: the process's own levels (ONWARD_LOG_LEVEL(S)) decide
             access_log=access_log,
             # An embedded server leaves the process's logging configuration alone.
             log_config=uvicorn.config.LOGGING_CONFIG if own_logging else None,

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -34,20 +35,23 @@ def resolve_url(settings: Settings) -> str:
 
 
 # The roles a process's connections act as (migration 0019_row_security): the URL's user
-# becomes one of them with SET ROLE, and row-level security applies from then on.
+# becomes one of them (the `role` setting in its startup options, as `SET ROLE` would), and
+# row-level security applies from then on.
 ENGINE_ROLE = "onward_engine"  # workers, sweeper, relays, CLI: crosses orgs, explicitly
 API_ROLE = "onward_api"  # the HTTP API: one organisation per lent connection (OrgPool)
 
 
-def _configure_as(role: str) -> Callable[[Conn], Awaitable[None]]:
-    async def configure(conn: Conn) -> None:
-        # Every statement of onward is short; a runaway one should fail rather than hold locks.
-        await conn.execute("SET statement_timeout = '60s'")
-        await conn.execute("SET idle_in_transaction_session_timeout = '120s'")
-        await conn.execute(f"SET ROLE {role}")
-        await conn.set_autocommit(True)
-
-    return configure
+def _session_options(url: str, role: str) -> str:
+    """The settings every connection starts with, in its startup packet (no statement, no
+    round trip, no commit per new connection): every statement of onward is short, so a
+    runaway one fails rather than hold locks; and the role it acts as. Options the URL gives
+    come first."""
+    given = conninfo_to_dict(url).get("options") or ""
+    ours = (
+        "-c statement_timeout=60s -c idle_in_transaction_session_timeout=120s "
+        f"-c role={role}"
+    )
+    return f"{given} {ours}".strip()
 
 
 # The organisation each API connection was last set to (OrgPool). A connection keeps its
@@ -80,8 +84,12 @@ def make_pool(
         connection_class=psycopg.AsyncConnection[dict[str, Any]],
         min_size=min_size,
         max_size=max_size,
-        kwargs={"row_factory": dict_row, "autocommit": True, "prepare_threshold": 0},
-        configure=_configure_as(role),
+        kwargs={
+            "row_factory": dict_row,
+            "autocommit": True,
+            "prepare_threshold": 0,
+            "options": _session_options(url, role),
+        },
         name=name,
         open=False,
     )
