@@ -275,7 +275,7 @@ def _start_api(url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "onward.cli", "api", "--port", str(port)]
     argv += ["--workers", str(workers)]
     # its log to a file: a pipe nobody reads would fill and stop the server mid-write
-    log = tempfile.TemporaryFile()
+    log = tempfile.TemporaryFile()  # noqa: SIM115  (open as long as the server runs)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 60
     up = 0
