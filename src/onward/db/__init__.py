@@ -47,10 +47,7 @@ def _session_options(url: str, role: str) -> str:
     runaway one fails rather than hold locks; and the role it acts as. Options the URL gives
     come first."""
     given = conninfo_to_dict(url).get("options") or ""
-    ours = (
-        "-c statement_timeout=60s -c idle_in_transaction_session_timeout=120s "
-        f"-c role={role}"
-    )
+    ours = f"-c statement_timeout=60s -c idle_in_transaction_session_timeout=120s -c role={role}"
     return f"{given} {ours}".strip()
 
 
