@@ -13,8 +13,9 @@ import pytest
 
 import onward  # noqa: F401  (imports the engine, which registers the built-in kinds)
 from onward import Automation, InvalidAutomation
-from onward.automations import parse_text, validate
+from onward.automations import parse_text
 from onward.automations.document import AutomationDoc, parse_model
+from onward.automations.validate import validate
 from onward.kinds import Registry, StepContext, step_kind
 from onward.kinds import registry as default_registry
 

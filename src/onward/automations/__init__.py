@@ -1,5 +1,6 @@
 """Automations: documents, validation, CEL, the Python builder, and published versions.
 
+
 Its names are imported when first used (PEP 562): ``onward.kinds`` imports
 ``onward.automations.document`` and ``onward.automations.validate`` imports ``onward.kinds``, so
 a package that imported them all here would make the order of a process's first imports
@@ -10,14 +11,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from onward.automations.builder import Automation
     from onward.automations.document import AutomationDoc, load_file, parse_text
-    from onward.automations.validate import validate
 
 _LAZY = {
     "Automation": "onward.automations.builder",
     "AutomationDoc": "onward.automations.document",
     "load_file": "onward.automations.document",
     "parse_text": "onward.automations.document",
-    "validate": "onward.automations.validate",
 }
 
 
@@ -30,4 +29,6 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["Automation", "AutomationDoc", "load_file", "parse_text", "validate"]
+# (validation: onward.automations.validate.validate -- a package attribute of that name would
+# be the submodule once it is imported)
+__all__ = ["Automation", "AutomationDoc", "load_file", "parse_text"]
