@@ -62,7 +62,7 @@ from onward.errors import ConfigError
 from onward.testing import api_key, auth
 from tests.integration.api_client import api_client
 
-EXAMPLES = 40
+EXAMPLES = 25
 SEED = 20261201
 
 CONFIG = {
