@@ -78,9 +78,8 @@ end
 
 function init(args)
   tag = args[1]
-  pause = tonumber(args[2])
-  key = args[3]
-  path = args[4]
+  key = args[2]
+  path = args[3]
   n = 0
 end
 
@@ -95,10 +94,6 @@ function request()
     ["Content-Type"] = "application/json",
     ["X-Event-Id"] = ev,
   }, body)
-end
-
-function delay()
-  return pause
 end
 
 function done(summary, latency, requests)
@@ -315,7 +310,6 @@ def _wrk(
     seconds: float,
     connections: int,
     threads: int,
-    pause_ms: int,
 ) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(LUA.replace("LAG_VALUE", str(LAG)))
@@ -333,7 +327,6 @@ def _wrk(
         f"http://127.0.0.1:{port}",
         "--",
         tag,
-        str(pause_ms),
         key,
         path,
     ]
@@ -367,7 +360,6 @@ def _wrk(
         "latency_ms_p99": round(w["p99_us"] / 1000, 2),
         "latency_ms_max": round(w["max_us"] / 1000, 2),
         "connections": connections,
-        "pause_ms": pause_ms,
         "non_2xx": int(w["non_2xx"]),
         "socket_errors": errors,
         "ids_sent": int(w["ids_sent"]),
@@ -415,7 +407,7 @@ def run(
             db0 = db_counters(url)
             res["open"] = _wrk(
                 url, port, key, pids, tag="open", seconds=secs, connections=conns,
-                threads=2, pause_ms=0,
+                threads=2,
             )  # fmt: skip
             res["paced"] = _paced(url, port, key, pids, tag="paced", rate=paced_rate, seconds=secs)
             res["api_rss_mb"] = _rss_mb(pids)
