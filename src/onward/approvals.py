@@ -46,7 +46,7 @@ from onward.durations import parse_duration
 from onward.effect_kinds import _integrations, render_text, run_effect
 from onward.errors import DecisionRefused, InvalidInput, NeedsReview, UnknownApproval
 from onward.inputs import check_text
-from onward.kinds import Advance, StepContext, Wait, step_kind
+from onward.kinds import Advance, StepContext, Wait, reads_no_outputs, step_kind
 
 Q = Queries(__package__, "approvals.sql")
 
@@ -588,7 +588,7 @@ def _decided(row: dict[str, Any], **extra: Any) -> Advance:
     )
 
 
-@step_kind("approval", lane="wait", params=ApprovalParams)
+@step_kind("approval", lane="wait", params=ApprovalParams, reads=reads_no_outputs)
 async def approval(step: StepContext) -> Any:
     """Output: ``{"decision": "approved"|"rejected", "approved": bool, "decided_by", "via",
     "approval_id", "digest", ...}``; ``via: "default"`` when the deadline's default decided."""

@@ -12,7 +12,7 @@ from onward.automations import cel
 from onward.automations.document import StepDef
 from onward.durations import parse_duration
 from onward.errors import NeedsReview, PermanentError
-from onward.kinds import Advance, StepContext, Wait, step_kind
+from onward.kinds import Advance, StepContext, Wait, reads_no_outputs, step_kind
 
 
 class SetParams(BaseModel):
@@ -24,7 +24,13 @@ def _check_set(step: StepDef, params: SetParams) -> list[str]:
     return [f"step {step.id}: {p}" for src in params.values.values() for p in cel.check(src)]
 
 
-@step_kind("set", lane="fast", params=SetParams, check=_check_set)
+@step_kind(
+    "set",
+    lane="fast",
+    params=SetParams,
+    check=_check_set,
+    reads=lambda s, p: list(p.values.values()),
+)
 async def set_values(step: StepContext) -> Advance:
     params: SetParams = step.params
     env, computed = step.env, {}
@@ -60,7 +66,12 @@ def _check_branch(step: StepDef, params: BranchParams) -> list[str]:
 
 
 @step_kind(
-    "branch", lane="fast", params=BranchParams, successors=_branch_successors, check=_check_branch
+    "branch",
+    lane="fast",
+    params=BranchParams,
+    successors=_branch_successors,
+    check=_check_branch,
+    reads=lambda s, p: [c.when for c in p.cases],
 )
 async def branch(step: StepContext) -> Advance:
     params: BranchParams = step.params
@@ -80,7 +91,13 @@ class GotoParams(BaseModel):
     target: str
 
 
-@step_kind("goto", lane="fast", params=GotoParams, successors=lambda s, p: [p.target])
+@step_kind(
+    "goto",
+    lane="fast",
+    params=GotoParams,
+    successors=lambda s, p: [p.target],
+    reads=reads_no_outputs,
+)
 async def goto(step: StepContext) -> Advance:
     return Advance(output={"target": step.params.target}, next=step.params.target)
 
@@ -96,7 +113,7 @@ class WaitForParams(BaseModel):
         return v
 
 
-@step_kind("wait_for", lane="wait", params=WaitForParams)
+@step_kind("wait_for", lane="wait", params=WaitForParams, reads=reads_no_outputs)
 async def wait_for(step: StepContext) -> Any:
     if step.wake is not None:  # the timer fired: the wait is over
         return Advance(output={"waited": step.params.duration, "woken_by": step.wake.get("by")})
@@ -187,6 +204,7 @@ def _zone_of(step: StepContext, params: WaitUntilParams) -> tuple[str, str]:
     params=WaitUntilParams,
     check=_check_wait_until,
     needs_zone=True,
+    reads=lambda s, p: [p.zone_from] if p.zone_from else [],
 )
 async def wait_until(step: StepContext) -> Any:
     """Wait for the next occurrence of a calendar rule on a person's wall clock (R6): the
@@ -229,7 +247,7 @@ class WaitSignalParams(BaseModel):
         return v
 
 
-@step_kind("wait_signal", lane="wait", params=WaitSignalParams)
+@step_kind("wait_signal", lane="wait", params=WaitSignalParams, reads=reads_no_outputs)
 async def wait_signal(step: StepContext) -> Any:
     """Output: ``{"signal": name, "signal_id", "payload", "timed_out": false}`` when a signal
     woke the step, ``{"signal": null, "timed_out": true}`` when the deadline did."""

@@ -18,7 +18,7 @@ from onward.connections import Integrations
 from onward.connectors.base import Connector
 from onward.crashpoints import crash_point
 from onward.errors import AuthorizationError, CircuitOpen, OutcomeUnknown, PermanentError, StepError
-from onward.kinds import Advance, StepContext, step_kind
+from onward.kinds import Advance, StepContext, reads_no_outputs, step_kind
 
 
 class _Base(BaseModel):
@@ -180,7 +180,9 @@ async def _guarded(
     return result
 
 
-@step_kind("email.send", lane="io", params=EmailParams, contacts_person=True)
+@step_kind(
+    "email.send", lane="io", params=EmailParams, contacts_person=True, reads=reads_no_outputs
+)
 async def email_send(step: StepContext) -> Advance:
     p: EmailParams = step.params
     to = _render(step, p.to)
@@ -245,7 +247,7 @@ async def _sent(step: StepContext, integ: Integrations, result: dict[str, Any]) 
     return Advance(output={"sent": True, "message_id": message_id, "result": result})
 
 
-@step_kind("crm.upsert", lane="io", params=CrmParams)
+@step_kind("crm.upsert", lane="io", params=CrmParams, reads=reads_no_outputs)
 async def crm_upsert(step: StepContext) -> dict[str, Any]:
     p: CrmParams = step.params
     fields = {k: _render(step, v) if isinstance(v, str) else v for k, v in p.fields.items()}
@@ -254,7 +256,7 @@ async def crm_upsert(step: StepContext) -> dict[str, Any]:
     )
 
 
-@step_kind("model.generate", lane="slow", params=ModelParams)
+@step_kind("model.generate", lane="slow", params=ModelParams, reads=reads_no_outputs)
 async def model_generate(step: StepContext) -> dict[str, Any]:
     p: ModelParams = step.params
     return await run_effect(
@@ -262,7 +264,7 @@ async def model_generate(step: StepContext) -> dict[str, Any]:
     )
 
 
-@step_kind("payment.charge", lane="io", params=PaymentParams)
+@step_kind("payment.charge", lane="io", params=PaymentParams, reads=reads_no_outputs)
 async def payment_charge(step: StepContext) -> dict[str, Any]:
     p: PaymentParams = step.params
     return await run_effect(
@@ -277,7 +279,7 @@ async def payment_charge(step: StepContext) -> dict[str, Any]:
     )
 
 
-@step_kind("http.call", lane="io", params=HttpParams)
+@step_kind("http.call", lane="io", params=HttpParams, reads=reads_no_outputs)
 async def http_call(step: StepContext) -> dict[str, Any]:
     p: HttpParams = step.params
     return await run_effect(

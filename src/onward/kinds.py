@@ -103,6 +103,12 @@ class StepContext:
 Handler = Callable[[StepContext], Awaitable[Any]]
 Successors = Callable[[StepDef, Any], list[str]]
 Checker = Callable[[StepDef, Any], list[str]]
+Reads = Callable[[StepDef, Any], list[str]]
+
+
+def reads_no_outputs(step: StepDef, params: Any) -> list[str]:
+    """For a kind that reads no earlier step's output (only ``input`` and ``vars``)."""
+    return []
 
 
 def _static_next(step: StepDef, params: Any) -> list[str]:
@@ -124,6 +130,10 @@ class KindSpec:
     retry: RetryPolicy | None = None  # None: the lane's (onward.lanes)
     contacts_person: bool = False  # consent is checked at run time for these (R14)
     needs_zone: bool = False  # its params name a zone, or the automation's timezone serves
+    #: the CEL expressions its parameters hold: what it reads of earlier outputs (``steps``).
+    #: None (a kind that does not say) may read any of them through ``step.steps``, so a run
+    #: of an automation using it keeps every output in its context (``policy.outputs_read``)
+    reads: Reads | None = None
 
     def parse_params(self, raw: dict[str, Any]) -> Any:
         if self.params is None:
@@ -178,6 +188,7 @@ def step_kind(
     retry: RetryPolicy | None = None,
     contacts_person: bool = False,
     needs_zone: bool = False,
+    reads: Reads | None = None,
     replace: bool = False,
     into: Registry | None = None,
 ) -> Callable[[Handler], Handler]:
@@ -195,6 +206,7 @@ def step_kind(
                 retry=retry,
                 contacts_person=contacts_person,
                 needs_zone=needs_zone,
+                reads=reads,
             ),
             replace=replace,
         )

@@ -94,6 +94,7 @@ class AdvanceSettle:
     detail: dict[str, Any] | None = None
     skipped: bool = False
     lease: float | None = None  # the eager successor's lease (its lane's); None: the batch's
+    keep_output: bool = True  # copied into the run's ctx.steps (policy.outputs_read)
 
 
 async def settle_advance_many(
@@ -121,6 +122,7 @@ async def settle_advance_many(
             "eagers": [bool(i.eager and i.next_step) for i in items],
             "done_statuses": ["skipped" if i.skipped else "done" for i in items],
             "details": [Jsonb(i.detail) if i.detail else None for i in items],
+            "keeps": [i.keep_output for i in items],
         },
     )
     return {(r["org_id"], r["run_id"]): r for r in await cur.fetchall()}

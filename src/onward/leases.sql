@@ -47,8 +47,8 @@ WHERE s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
 RETURNING s.org_id, s.run_id, s.seq;
 
 -- name: settle_advance
--- Steps are done: record each output, merge its variables into its run, and either enter the
--- next step or complete the run. Set-based: a worker groups the settles of its concurrent
+-- Steps are done: record each output, merge its variables into its run (and its output, when
+-- the automation reads it: keep), and either enter the next step or complete the run. Set-based: a worker groups the settles of its concurrent
 -- chains (independent runs) into one statement and one commit; each row keeps its own fence
 -- (attempt = token AND status = 'running'), so a stale row is skipped while the others settle.
 -- When eager, the next step is inserted already claimed by this worker (attempt 1, the lease of
@@ -60,9 +60,9 @@ WITH x AS (
         %(outputs)s::jsonb[], %(vars)s::jsonb[], %(next_step_ids)s::text[],
         %(next_kinds)s::text[], %(next_lanes)s::text[], %(next_iterations)s::int[],
         %(eagers)s::bool[], %(done_statuses)s::text[], %(details)s::jsonb[],
-        %(leases)s::float8[]
+        %(leases)s::float8[], %(keeps)s::bool[]
     ) AS x(org_id, run_id, seq, attempt, output, vars, next_step_id, next_kind, next_lane,
-           next_iteration, eager, done_status, detail, lease)
+           next_iteration, eager, done_status, detail, lease, keep)
 ),
 done AS (
     UPDATE steps s
@@ -79,8 +79,17 @@ dx AS (
 ),
 run AS (
     UPDATE runs r
-    SET ctx = jsonb_set(jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}') || dx.vars),
-                        ARRAY['steps', dx.step_id], coalesce(dx.output, 'null'::jsonb)),
+    -- the context changes only where it must: the variables a step set, and its output only
+    -- when some expression of the automation reads it (keep; it is on the step row anyway)
+    SET ctx = CASE WHEN dx.keep
+                   THEN jsonb_set(CASE WHEN dx.vars = '{}'::jsonb THEN r.ctx
+                                       ELSE jsonb_set(r.ctx, '{vars}',
+                                                      coalesce(r.ctx -> 'vars', '{}') || dx.vars)
+                                  END,
+                                  ARRAY['steps', dx.step_id], coalesce(dx.output, 'null'::jsonb))
+                   WHEN dx.vars = '{}'::jsonb THEN r.ctx
+                   ELSE jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}') || dx.vars)
+              END,
         visits = CASE WHEN dx.next_step_id IS NULL THEN r.visits
                       ELSE jsonb_set(r.visits, ARRAY[dx.next_step_id],
                                      to_jsonb(dx.next_iteration)) END,

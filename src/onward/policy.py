@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -66,6 +67,9 @@ class Proceed:
     vars: dict[str, Any]
     next_step: NextStep | None
     skipped: str | None = None
+    #: the output is copied into the run's context (``ctx.steps``): some expression of the
+    #: automation reads it (``outputs_read``); it is on the step row either way
+    keep_output: bool = True
 
 
 @dataclass(frozen=True)
@@ -216,9 +220,11 @@ def after_result(
     doc: AutomationDoc,
     registry: Registry,
     visits: Mapping[str, int] | None,
+    reads: frozenset[str] | None = None,
 ) -> Proceed | WaitTimer | Stop:
     """The handler answered ``result``: a plain value (done, follow ``next``), an ``Advance``
-    (done, maybe choosing ``next``) or a ``Wait``."""
+    (done, maybe choosing ``next``) or a ``Wait``. ``reads``: the outputs the automation reads
+    (``outputs_read``; None: all of them)."""
     if isinstance(result, Wait):
         if result.on not in WAIT_KINDS:
             return Stop("failed", "failed", f"step {step.id}: cannot wait on {result.on!r}")
@@ -237,15 +243,51 @@ def after_result(
     except (TypeError, ValueError) as exc:
         return Stop("failed", "failed", f"step {step.id}: output is not JSON: {exc}")
     next_id = adv.next if adv.next is not None else step.next
+    keep = reads is None or step.id in reads
     if next_id is None:
-        return Proceed(output, new_vars, None, adv.skipped)
+        return Proceed(output, new_vars, None, adv.skipped, keep)
     try:
         nd = doc.step(next_id)
     except KeyError:
         return Stop("failed", "failed", f"step {step.id}: no step {next_id!r}")
     lane = step_lane(nd, registry)
     iteration = int((visits or {}).get(nd.id, 0)) + 1
-    return Proceed(output, new_vars, NextStep(nd.id, nd.kind, lane, iteration), adv.skipped)
+    return Proceed(output, new_vars, NextStep(nd.id, nd.kind, lane, iteration), adv.skipped, keep)
+
+
+_STEPS_USE = re.compile(r"(?<![\w.])steps\b(?:\s*\.\s*([A-Za-z_]\w*))?")
+
+
+def outputs_read(doc: AutomationDoc, registry: Registry) -> frozenset[str] | None:
+    """The steps whose output some expression of ``doc`` reads (``steps.<id>`` in CEL): only
+    these are copied into a run's context, so the run's row does not grow with every step.
+    None (keep every output) when a step's kind does not say what it reads (a user's kind may
+    read ``step.steps``), its parameters do not parse, or an expression reads ``steps`` as a
+    whole or by a computed key."""
+    from onward.automations import cel
+
+    read: set[str] = set()
+    for step in doc.steps:
+        spec = registry.get(step.kind)
+        if spec is None or spec.reads is None:
+            return None
+        try:
+            sources = spec.reads(step, spec.parse_params(step.params))
+        except Exception:  # a bad parameter fails the step itself; here, keep everything
+            return None
+        for source in sources:
+            try:
+                roots = {str(v) for v in cel.compile_expr(source).variables()}
+            except cel.CelError:
+                return None
+            if "steps" not in roots:
+                continue
+            # the library names roots only: each use of ``steps`` must be ``steps.<id>``
+            uses = _STEPS_USE.findall(source)
+            if not uses or any(not step_id for step_id in uses):
+                return None
+            read.update(uses)
+    return frozenset(read)
 
 
 def step_lane(step: StepDef, registry: Registry) -> str:

@@ -457,7 +457,10 @@ async def migrate_run(
     }
     renames = params.get("renames") or {}
     ctx = dict(run["ctx"] or {})
-    ctx["steps"] = _renamed(ctx.get("steps"), renames)
+    outputs = {
+        r["step_id"]: r["output"] for r in await (await conn.execute(Q.outputs, args)).fetchall()
+    }
+    ctx["steps"] = _renamed({**outputs, **(ctx.get("steps") or {})}, renames)
     visits = _renamed(run["visits"], renames)
     to = params["to"]
     skip = params.get("skip_to") if d.action == "skip_to" else None

@@ -19,6 +19,14 @@ JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id
 WHERE r.org_id = %(org_id)s AND r.automation_id = %(automation_id)s
   AND r.version = %(version)s AND r.finished_at IS NULL;
 
+-- name: outputs
+-- The latest output of each finished step of a run. A run's context keeps only the outputs
+-- its version's expressions read (policy.outputs_read); the version it moves to may read
+-- others. Served by steps_pkey.
+SELECT DISTINCT ON (step_id) step_id, output FROM steps
+WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND status IN ('done', 'skipped')
+ORDER BY step_id, seq DESC;
+
 -- name: page
 -- The next page of the version's unfinished runs after the cursor, in run id order, each with
 -- its unfinished step and the status of that step's outside effect (its key names the step id

@@ -209,6 +209,7 @@ class Settler:
                 detail={"skipped": t.skipped} if t.skipped else None,
                 skipped=t.skipped is not None,
                 lease=lease,
+                keep_output=t.keep_output,
             )
         )
         crash_point("worker.after_settle")

@@ -123,6 +123,9 @@ class Worker:
         self.stats = WorkerStats()
         self._stopping = False
         self._timer_inbox: asyncio.Queue[tuple[str, int, int | None]] = asyncio.Queue()
+        #: per (org, automation, version): the outputs its expressions read (versions are
+        #: immutable, so this never goes stale)
+        self._reads: dict[tuple[str, str, int], frozenset[str] | None] = {}
         self._params_cache: dict[tuple[str, str, int, str], Any] = {}
         self.settler = Settler(pool, self.id, settings.lease_seconds)
 
@@ -382,8 +385,18 @@ class Worker:
     async def _after_result(
         self, row: dict[str, Any], token: Token, step: StepDef, doc: AutomationDoc, result: Any
     ) -> dict[str, Any] | None:
+        key = (row["org_id"], row["automation_id"], row["version"])
+        if key not in self._reads:
+            if len(self._reads) > 10_000:
+                self._reads.clear()
+            self._reads[key] = policy.outputs_read(doc, self.registry)
         t = policy.after_result(
-            result, step=step, doc=doc, registry=self.registry, visits=row["visits"]
+            result,
+            step=step,
+            doc=doc,
+            registry=self.registry,
+            visits=row["visits"],
+            reads=self._reads[key],
         )
         if not isinstance(t, policy.Proceed):
             await self._write(token, t)
@@ -448,7 +461,9 @@ class Worker:
         self.stats.eager += 1
         self.running[nxt.lane] += 1  # the chain's finally releases the current lane's slot
         ctx = row["ctx"] or {}
-        steps_out = {**(ctx.get("steps") or {}), step.id: t.output}
+        steps_out = ctx.get("steps") or {}
+        if t.keep_output:
+            steps_out = {**steps_out, step.id: t.output}
         return {
             **row,
             "seq": row["seq"] + 1,

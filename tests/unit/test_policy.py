@@ -304,3 +304,57 @@ def test_a_refused_call_of_a_cancelled_run_ends_it_cancelled() -> None:
     )
     assert stop.error is not None and stop.error["type"] == "RunCancelled"
     assert stop == policy.cancelled(stop.error)
+
+
+# -- which outputs a run's context keeps (issue 16) ------------------------------------------
+
+
+def _doc(*steps: dict[str, Any]) -> AutomationDoc:
+    return AutomationDoc.model_validate({"id": "reads", "steps": list(steps)})
+
+
+def test_outputs_read_names_each_step_an_expression_reads() -> None:
+    import onward.builtin_kinds  # noqa: F401  (registers set, branch, wait_until)
+    from onward.kinds import registry
+
+    doc = _doc(
+        {"id": "a", "kind": "set", "with": {"values": {"x": "1"}}},
+        {"id": "b", "kind": "set", "with": {"values": {"y": "steps.a.x + input.n"}}},
+        {
+            "id": "c",
+            "kind": "branch",
+            "with": {"cases": [{"when": "has(steps.b.y) && vars.x == 1", "next": "a"}]},
+        },
+        {"id": "d", "kind": "wait_for", "with": {"duration": "1s"}},
+        {"id": "e", "kind": "set", "with": {"values": {"z": "vars.steps"}}},
+    )
+    assert policy.outputs_read(doc, registry) == frozenset({"a", "b"})
+
+
+@pytest.mark.parametrize("expr", ["size(steps)", "steps['a'].x", "steps.a.x + steps['b'].y"])
+def test_outputs_read_keeps_every_output_when_steps_is_read_as_a_whole(expr: str) -> None:
+    import onward.builtin_kinds  # noqa: F401
+    from onward.kinds import registry
+
+    doc = _doc({"id": "a", "kind": "set", "with": {"values": {"x": expr}}})
+    assert policy.outputs_read(doc, registry) is None
+
+
+def test_outputs_read_keeps_every_output_for_a_kind_that_does_not_say() -> None:
+    reg = Registry()
+    reg.add(KindSpec(name="mine", lane="io", handler=_noop))
+    assert policy.outputs_read(_doc({"id": "a", "kind": "mine"}), reg) is None
+    reg.add(KindSpec(name="quiet", lane="io", handler=_noop, reads=lambda s, p: []))
+    assert policy.outputs_read(_doc({"id": "a", "kind": "quiet"}), reg) == frozenset()
+
+
+def test_a_proceed_keeps_its_output_only_when_read() -> None:
+    reg = Registry()
+    reg.add(KindSpec(name="mine", lane="io", handler=_noop))
+    doc = _doc({"id": "a", "kind": "mine", "next": "b"}, {"id": "b", "kind": "mine"})
+    kept = policy.after_result(1, step=doc.step("a"), doc=doc, registry=reg, visits={})
+    dropped = policy.after_result(
+        1, step=doc.step("a"), doc=doc, registry=reg, visits={}, reads=frozenset({"b"})
+    )
+    assert isinstance(kept, policy.Proceed) and kept.keep_output
+    assert isinstance(dropped, policy.Proceed) and not dropped.keep_output
