@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from onward.connectors import Connection, Connector, classify, register_connector
     from onward.effect_kinds import run_effect
     from onward.engine import Engine
-    from onward.kinds import Advance, StepContext, Wait, registry, step_kind
+    from onward.kinds import Advance, StepContext, Wait, reads_no_outputs, registry, step_kind
     from onward.start import Start, Started
 
 # The rest of the public API is imported when first named (PEP 562), so `import onward` -- a
@@ -70,6 +70,7 @@ _LAZY = {
     "Advance": "onward.kinds",
     "StepContext": "onward.kinds",
     "Wait": "onward.kinds",
+    "reads_no_outputs": "onward.kinds",
     "registry": "onward.kinds",
     "step_kind": "onward.kinds",
     "Start": "onward.start",
@@ -144,6 +145,7 @@ __all__ = [
     "UnknownSchedule",
     "Wait",
     "classify",
+    "reads_no_outputs",
     "register_connector",
     "registry",
     "run_effect",
