@@ -242,21 +242,10 @@ def _app_automations(ctx: typer.Context) -> list[tuple[str, Document]]:
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (stable keys)")]
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when installed (a dependency: about a quarter less CPU per HTTP
-    request and per step here), unless ``ONWARD_LOOP=asyncio`` asks for the standard one."""
-    if os.environ.get("ONWARD_LOOP", "uvloop").strip().lower() == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - a dependency; absent only in odd installs
-        return None
-    return uvloop.new_event_loop
-
-
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(_acting(coro))
+    from onward import loops
+
+    return loops.run(_acting(coro))
 
 
 def cli_actor() -> str:

@@ -76,6 +76,17 @@ class _Held:
     lane: str
     lease: float
     lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the task running the step's kind, while it does (``Worker._call``): a lost lease
+    #: cancels it, the way ``asyncio.timeout`` cancels -- no extra task or future a step
+    calling: asyncio.Task[Any] | None = None
+    cancelled: bool = False
+
+    def lose(self) -> None:
+        """The heartbeat found the lease gone: tell the kind, and stop its call."""
+        self.lease_lost.set()
+        if self.calling is not None and not self.cancelled:
+            self.cancelled = True
+            self.calling.cancel()
 
 
 @dataclass
@@ -322,6 +333,10 @@ class Worker:
             return None
         held = self.held.get(token.key)
         lease_lost = held.lease_lost if held else asyncio.Event()
+        if lease_lost.is_set():  # lost before the kind was called
+            self.stats.lost += 1
+            metrics.lease_lost(row["lane"])
+            return None
         ctx = StepContext(
             org_id=row["org_id"],
             run_id=row["run_id"],
@@ -357,7 +372,7 @@ class Worker:
                 worker=self.id,
                 traceparent=row.get("traceparent"),
             ):
-                result = await self._call(spec, ctx, lease_lost, timeout)
+                result = await self._call(spec, ctx, held, timeout)
         except _LeaseLostError:
             self.stats.lost += 1
             metrics.lease_lost(row["lane"])
@@ -414,25 +429,40 @@ class Worker:
         return bool(await effects.unsettled(token.org_id, token.run_id, token.seq))
 
     async def _call(
-        self, spec: KindSpec, ctx: StepContext, lease_lost: asyncio.Event, timeout: float | None
+        self, spec: KindSpec, ctx: StepContext, held: _Held | None, timeout: float | None
     ) -> Any:
-        inner = asyncio.ensure_future(spec.handler(ctx))
-        lost = asyncio.ensure_future(lease_lost.wait())
+        """Await the kind in this step's own task. A lost lease cancels the task while it is
+        in here (``_Held.lose``), and that cancellation becomes ``_LeaseLostError``; one this
+        scope did not ask for (a shutdown) stays a cancellation."""
+        task = asyncio.current_task()
+        if held is not None and task is not None:
+            held.calling = task
         try:
-            done, _ = await asyncio.wait(
-                {inner, lost}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if inner in done:
-                return inner.result()
-            if lost in done:
-                raise _LeaseLostError()
-            raise TimeoutError(f"step {ctx.step_id} timed out after {timeout}s")
+            result = await self._invoke(spec, ctx, timeout)
+        except asyncio.CancelledError:
+            if held is not None and held.cancelled and task is not None and task.uncancel() == 0:
+                raise _LeaseLostError() from None
+            raise
         finally:
-            for fut in (inner, lost):
-                if not fut.done():
-                    fut.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await fut
+            if held is not None:
+                held.calling = None
+        if held is not None and held.cancelled and task is not None:
+            task.uncancel()  # the kind swallowed the cancellation; its result is dropped anyway
+            raise _LeaseLostError()
+        return result
+
+    @staticmethod
+    async def _invoke(spec: KindSpec, ctx: StepContext, timeout: float | None) -> Any:
+        if timeout is None:
+            return await spec.handler(ctx)
+        scope = asyncio.timeout(timeout)
+        try:
+            async with scope:
+                return await spec.handler(ctx)
+        except TimeoutError:
+            if scope.expired():
+                raise TimeoutError(f"step {ctx.step_id} timed out after {timeout}s") from None
+            raise
 
     def _eager(self, row: dict[str, Any], t: policy.Proceed) -> bool:
         """Run the next step here, claimed by the settle itself: it is in a lane this worker
@@ -504,7 +534,7 @@ class Worker:
                 alive = set()  # we cannot prove we hold anything any more
             for t in tokens:
                 if t.key not in alive and (h := self.held.get(t.key)) is not None and h.token == t:
-                    h.lease_lost.set()
+                    h.lose()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

@@ -29,6 +29,7 @@ import tempfile
 import time
 from typing import IO, Any
 
+from onward import loops
 from onward.bench.ceiling import vm_kb
 
 
@@ -154,25 +155,10 @@ POOL_WHAT_IF: dict[str, Any] = {
 }
 
 
-def _direct_call() -> None:
-    """Await a step kind without a timeout directly, without the two extra futures and the
-    ``asyncio.wait`` that watch for a lost lease (the settle is fenced either way)."""
-    from onward.worker import Worker
-
-    original = Worker._call
-
-    async def call(self: Any, spec: Any, ctx: Any, lease_lost: Any, timeout: Any) -> Any:
-        if timeout is None:
-            return await spec.handler(ctx)
-        return await original(self, spec, ctx, lease_lost, timeout)
-
-    Worker._call = call  # type: ignore[method-assign]
-
-
 # Diagnosis only, never a default: how the engine would do with one change, in the same
 # sitting. A pool change patches this process's pool after Engine.open made it; the others
 # patch a class before the worker starts.
-WHAT_IF: dict[str, Any] = {**POOL_WHAT_IF, "direct-call": _direct_call}
+WHAT_IF: dict[str, Any] = {**POOL_WHAT_IF}
 
 
 def _knobs(pairs: list[str]) -> dict[str, Any]:
@@ -388,7 +374,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     a = _parser().parse_args(argv)
     mode = {"worker": _worker, "api": _api, "loop": _loop}[a.mode]
-    asyncio.run(mode(a))
+    loops.run(mode(a))  # the loop `onward worker` and `onward api` run on
 
 
 # -- the parent's side ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from onward import jsoncodec
 from onward.config import Settings
 from onward.errors import Unavailable
 
@@ -86,6 +87,7 @@ def make_pool(
             "autocommit": True,
             "prepare_threshold": 0,
             "options": _session_options(url, role),
+            "context": jsoncodec.ADAPTERS,  # JSON with orjson
         },
         name=name,
         open=False,
