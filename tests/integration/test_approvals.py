@@ -320,8 +320,8 @@ async def test_the_escalated_approver_decides(
     engine: Engine, sql: psycopg.Connection[Any], slack: Slack
 ) -> None:
     run_id = await started(
-        engine, "a8", deadline="0.5s", on_deadline="escalate", escalate_to=[LEAD]
-    )
+        engine, "a8", deadline="2s", on_deadline="escalate", escalate_to=[LEAD]
+    )  # the escalation's deadline is as long: the lead's click must land within it
     async with engine.running():
         await slack.nth_message(1)
         escalated = await slack.nth_message(2)
