@@ -896,7 +896,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, tags=["runs"], responses=NOT_FOUND)
     async def show_run(run_id: NoNulPath, org: OrgDep) -> Any:
-        """One run on one screen: the run, its steps and its ordered history (R17)."""
+        """One run on one screen: the run, its steps and its ordered history."""
         return await org.show(run_id)
 
     # -- connections and consent (R14, R15) ---------------------------------------------------

@@ -186,7 +186,7 @@ class HistoryEvent(BaseModel):
 
 
 class RunView(BaseModel):
-    """One run on one screen (R17): the run, its steps and every transition in order."""
+    """One run on one screen: the run, its steps and every transition in order."""
 
     run: RunDetail
     steps: list[StepRow]
