@@ -239,6 +239,7 @@ class Proc(Process):
     term_at: float | None = None
     resume_at: float | None = None
     external: bool = False
+    erase_calls: int = 0  # the API: erasures asked of it (an erasure's kill needs one)
 
 
 @dataclass
@@ -2082,11 +2083,22 @@ class _Chaos:
             return "early_in_flight" if row["step_status"] == "running" else "early"
         return None
 
+    @staticmethod
+    def _holds_still(row: dict[str, Any], moment: str) -> bool:
+        """Whether the erasure of this run reaches ``erasure.after_run`` in the API for sure:
+        its run finished, or waiting on its first timer (cancelled at once, then erased). A
+        run whose step is ready may be claimed before the erasure locks it: the erasure then
+        stays pending and the elected sweeper erases the run -- the kill goes by, and with it
+        one of the few contacts to erase."""
+        return moment == "finished" or (
+            row["step_id"] == "wait" and row["step_status"] == "waiting"
+        )
+
     def _erasable(self, point: str) -> bool:
         rows = getattr(self, "erase_rows", [])
         return any(
             (m := self._erase_moment(r)) is not None
-            and not (point == "erasure.after_run" and m == "early_in_flight")
+            and (point != "erasure.after_run" or self._holds_still(r, m))
             for r in rows
         )
 
@@ -2127,8 +2139,8 @@ class _Chaos:
             moment = self._erase_moment(r)
             if moment is None:
                 continue
-            if armed == "erasure.after_run" and moment == "early_in_flight":
-                continue  # its erasure would stop at the record: the run is erased later
+            if armed == "erasure.after_run" and not self._holds_still(r, moment):
+                continue  # its erasure might stop at the record: the run is erased later
             if armed is None and len(todo) <= kills_left:
                 return  # kept for the kills still to come (one contact for each at least)
             planned = scenario.erase_plan(self.erase_contacts[r["contact_id"]])
@@ -2147,6 +2159,10 @@ class _Chaos:
                     self.before_erasure[e["what"]] += e["n"]
         self.erasing.setdefault(contact, None)
         self.report.erasure_requests += 1
+        api = self.procs.get(("api", 0))
+        if api is not None:
+            api.erase_calls += 1
+        armed = ",".join(x.arm for x in api.specs if not x.done) if api is not None else "-"
         try:
             reply = self._api().post(
                 f"/v1/contacts/{contact}/erase",
@@ -2155,9 +2171,14 @@ class _Chaos:
             )
         except httpx.HTTPError:
             self.report.erasures_lost += 1  # asked again once the API is back
+            self.out(f"[chaos {self.elapsed():6.1f}s] erase {contact}: no answer (armed {armed})")
             return
         if reply.status_code in (200, 202):
             self.erasing[contact] = reply.json()
+            self.out(
+                f"[chaos {self.elapsed():6.1f}s] erase {contact}: {reply.json()['status']} "
+                f"(armed {armed or '-'})"
+            )
             self.report.erasures[contact] = self.erasing[contact]["status"]  # type: ignore[index]
             return
         if reply.status_code == 503:  # the database could not be reached (a terminated
@@ -2519,6 +2540,12 @@ class _Chaos:
                 )
                 limit = 20.0 if slow else 12.0
                 if now - proc.ready_at > limit:
+                    if proc.role == "api" and not proc.erase_calls:
+                        # an erasure's kill never had its erasure (no contact could be
+                        # erased): not a try, it comes again
+                        for x in proc.specs:
+                            if x.point in ERASURE_POINTS:
+                                x.tries -= 1
                     proc.popen.send_signal(signal.SIGTERM)  # give up on this kill for now
                     proc.term_at = now
         self._flow_control(now)
