@@ -1731,30 +1731,46 @@ class _Chaos:
         self.report.processes += 1
         return proc
 
-    def _spawn_api(self) -> Proc:
-        """The engine API: a new ``onward api`` on the run's port, armed through
-        ``ONWARD_CRASH_AT`` with the next kill of its queue. No warm spare: one process at a
-        time holds the port, and the sandbox's Slack app and inbound webhook point at it."""
+    def _api_standby(self) -> Proc:
+        """A warm spare of the engine API (``onward.chaos.api_standby``): everything imported,
+        the port not bound until its ``go`` line."""
         self.generation += 1
-        name = f"api0-{self.generation}"
-        queue = self.queues["api"]
-        ready = self._api_spec_ready()
-        specs = [queue.pop(ready)] if ready is not None else []
-        for spec in specs:
-            spec.tries += 1
-        env = self._cli_env(name, specs, application_name=self.app_prefix + name)
-        argv = [sys.executable, "-m", "onward.cli", "api", "--host", "127.0.0.1"]
+        name = f"spare{self.generation}-api"
+        env = self._cli_env(name, [], application_name=self.app_prefix + name)
+        argv = [sys.executable, "-m", "onward.chaos.api_standby", "--host", "127.0.0.1"]
         proc = Proc.start(
             [*argv, "--port", str(self.api_port)],
             name=name,
             log_path=self.log_dir / f"p{self.generation:04d}-api.log",
             env=env,
+            stdin=True,
             role="api",
-            slot=0,
-            specs=specs,
             spawned_at=time.monotonic(),
         )
         self.report.processes += 1
+        return proc
+
+    def _spawn_api(self) -> Proc:
+        """The engine API on the run's port (a warm spare told to go, or a new one), armed
+        with the next kill of its queue it can reach. No second process serves at once: one
+        holds the port, and the sandbox's Slack app and inbound webhook point at it; a spare
+        waits for the next restart behind it."""
+        queue = self.queues["api"]
+        ready = self._api_spec_ready()
+        specs = [queue.pop(ready)] if ready is not None else []
+        for spec in specs:
+            spec.tries += 1
+        proc = self.spares.pop("api", None)
+        if proc is None or not proc.alive():
+            if proc is not None:
+                self.retired.append(proc)
+            proc = self._api_standby()
+        if self.warm:
+            self.spares["api"] = self._api_standby()
+        self.generation += 1
+        proc.name = f"api0-{self.generation}"
+        proc.slot, proc.specs, proc.spawned_at = 0, specs, time.monotonic()
+        proc.tell(f"go {proc.name} {','.join(x.arm for x in specs) or '-'}\n")
         self.procs[("api", 0)] = proc
         return proc
 
@@ -2516,6 +2532,8 @@ class _Chaos:
             for role in ("worker", "leader", "starter"):
                 if role not in self.spares:
                     self.spares[role] = self._standby(role)
+            if "api" not in self.spares:
+                self.spares["api"] = self._api_standby()
         starter = self.procs.get(("starter", 0))
         if starter is not None and starter.alive() and starter.term_at is None:
             self.feed(starter)
