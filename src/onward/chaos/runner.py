@@ -58,7 +58,8 @@ and answer the emails (twice delivered by the provider; early on some runs, neve
 A click or a delivery that got no answer is tried again while the request is pending or the
 step still waits.
 
-The workers, the leader and the starter are ``python -m onward.testing.worker`` processes.
+The workers, the leader and the starter are ``python -m onward.testing.worker`` processes;
+the engine API is ``python -m onward.chaos.api_standby`` (``onward api`` once told to go).
 
 Every slot is respawned when its process dies, from a warm spare that has already imported
 everything (``--standby``), armed (``point@n``, exactly what ``ONWARD_CRASH_AT`` does) with the
