@@ -383,7 +383,9 @@ class Report:
     outages_probed: int = 0  # ... marked broken by the runner's probe (no send met the 401)
     reconnect_parks: int = 0  # steps parked on the broken connection
     reconnect_resumed: int = 0  # ... resumed by the restore
-    reconnect_resumed_by_operator: int = 0  # parked after the restore committed: resumed by hand
+    # steps seen parked on it while it was usable (after the restore): nothing would resume
+    # them (the engine goes on instead of parking, connections.usable_for_park): must be 0
+    reconnect_parked_after_restore: int = 0
     notifications: int = 0
     notifications_undelivered: int = 0  # delivered_at not written: must be 0
     hook_attempts: int = 0  # requests the receiver got (503s and repeats included)
@@ -530,7 +532,7 @@ class Report:
             f"notifications                {self.notifications} written ({self.outages} "
             f"outages of {scenario.BREAK_CONNECTION}, {self.outages_probed} found by a probe; "
             f"{self.reconnect_parks} steps parked on it, resumed by the restore "
-            f"{self.reconnect_resumed}, by an operator {self.reconnect_resumed_by_operator}); "
+            f"{self.reconnect_resumed}; parked after it {self.reconnect_parked_after_restore}); "
             f"undelivered {self.notifications_undelivered}",
             f"                             receiver: {self.hook_attempts} attempts "
             f"({self.hook_failed} failed, {self.hook_repeats} repeats), {self.hook_distinct} "
@@ -634,6 +636,11 @@ class Report:
             out.append(
                 f"{self.notifications_undelivered} notifications undelivered, "
                 f"{self.hook_missing} never received, {self.hook_unknown} received unknown"
+            )
+        if self.reconnect_parked_after_restore:
+            out.append(
+                f"{self.reconnect_parked_after_restore} steps parked on a connection already "
+                "restored"
             )
         if self.hook_bad_signatures:
             out.append(f"{self.hook_bad_signatures} notification signatures did not hold")
@@ -1615,6 +1622,7 @@ class _Chaos:
         self.notify_specs: list[Spec] = []
         self.outage: dict[str, Any] | None = None
         self.outages_done = 0
+        self.parked_after_restore: set[str] = set()  # run ids
 
     # -- the schedule ---------------------------------------------------------------------------
     def plan(self) -> None:
@@ -2302,7 +2310,7 @@ class _Chaos:
                 o.update(state="delivering", since=now)
         elif o["state"] == "delivering":
             if now - o["since"] > 1.0:
-                self._resume_reconnect_parks()
+                self._parked_after_restore()
             undelivered = self._undelivered()
             if undelivered is None or undelivered > 0:
                 return
@@ -2332,9 +2340,10 @@ class _Chaos:
             return None  # not written yet
         return int(row["n"])
 
-    def _resume_reconnect_parks(self) -> None:
-        """A step that read the connection as broken, then parked after the restore committed,
-        waits for a reconnect that already happened: resumed by an operator (counted)."""
+    def _parked_after_restore(self) -> None:
+        """Steps parked on the connection while it is usable again: nothing would resume them
+        (a step refused around the restore goes on instead of parking). Counted, and left
+        parked: the run then fails the check, as it would stay parked for a customer."""
         try:
             rows = self.monitor.execute(  # type: ignore[union-attr]
                 _PARKED_AFTER_RESTORE,
@@ -2342,17 +2351,8 @@ class _Chaos:
             ).fetchall()
         except (psycopg.Error, AttributeError):
             return
-        for r in rows:
-            try:
-                reply = self._api().post(
-                    f"/v1/runs/{r['run_id']}/resume",
-                    json={"by": "chaos"},
-                    timeout=5.0,
-                )
-            except httpx.HTTPError:
-                return
-            if reply.status_code == 200:
-                self.report.reconnect_resumed_by_operator += 1
+        self.parked_after_restore.update(r["run_id"] for r in rows)
+        self.report.reconnect_parked_after_restore = len(self.parked_after_restore)
 
     def _extras_done(self) -> bool:
         """The migration, the erasures and the outages are over."""
