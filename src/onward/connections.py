@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -174,13 +175,23 @@ class Integrations:
         """The connector for a usable connection; parks the step if it is known broken. A
         secret this process cannot decrypt (its key not configured here) is retried: another
         process may hold the key."""
+        connector, _ = await self.connector_as_read(org_id, connection_id)
+        return connector
+
+    async def connector_as_read(
+        self, org_id: str, connection_id: str
+    ) -> tuple[Connector, datetime]:
+        """``connector``, and the connection's ``updated_at`` it was made from: a refusal of
+        its credentials marks the connection broken only if it is still that state
+        (``mark_broken(seen_at=...)``), not once the customer restored it meanwhile."""
         try:
             row = await self._get(org_id, connection_id)
         except SecretUnreadable as exc:
             raise RetryableError(str(exc)) from None
         if row is None:
             raise PermanentError(f"no connection {connection_id!r} in organisation {org_id!r}")
-        return self._connector(connection_id, row, await self.http_client(org_id))
+        connector = self._connector(connection_id, row, await self.http_client(org_id))
+        return connector, row["updated_at"]
 
     def _connector(
         self, connection_id: str, row: dict[str, Any], client: httpx.AsyncClient
@@ -200,9 +211,23 @@ class Integrations:
             raise PermanentError(str(exc).strip("'\"")) from None
         return connector_class(conn, client=client, timeout=self.timeout)
 
-    async def mark_broken(self, org_id: str, connection_id: str, reason: str) -> None:
+    async def mark_broken(
+        self, org_id: str, connection_id: str, reason: str, *, seen_at: datetime | None = None
+    ) -> None:
+        """The provider refused the connection's credentials: mark it broken (and notify),
+        if it is usable. ``seen_at``: the connection's ``updated_at`` when the refused call
+        read it -- a restore (or new credentials) committed since then is newer than the
+        refusal, which then changes nothing (else a call that began before the restore would
+        break the restored connection again, and the runs parking on it would wait for a
+        second restore nobody knows to make)."""
         row = await self._one(
-            Q.mark_broken, {"org_id": org_id, "connection_id": connection_id, "reason": reason}
+            Q.mark_broken,
+            {
+                "org_id": org_id,
+                "connection_id": connection_id,
+                "reason": reason,
+                "seen_at": seen_at,
+            },
         )
         if row is not None and self.notify is not None:
             await self.notify(row["subject"], {"connection_id": connection_id, "reason": reason})
@@ -241,7 +266,7 @@ class Integrations:
             client = await self.http_client(org_id)
             await self._connector(connection_id, row, client).probe()
         except AuthorizationError as exc:
-            await self.mark_broken(org_id, connection_id, str(exc))
+            await self.mark_broken(org_id, connection_id, str(exc), seen_at=row["updated_at"])
             return str(exc)
         except StepError as exc:
             return str(exc)

@@ -13,19 +13,22 @@ SET provider = EXCLUDED.provider, base_url = EXCLUDED.base_url, account = EXCLUD
 RETURNING connection_id;
 
 -- name: get
--- One connection.
+-- One connection. ``updated_at`` says which state of it a caller read (mark_broken's seen_at).
 SELECT connection_id, provider, base_url, account, secret, status, broken_reason,
-       signing_secret
+       signing_secret, updated_at
 FROM connections WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;
 
 -- name: mark_broken
 -- The provider refused the credentials: mark broken and write the customer's notification with
 -- its delivery intents in the same statement (only on the change, so a hundred parked runs
--- notify once).
+-- notify once). seen_at: the connection's updated_at when the refused call read it; a
+-- connection restored (or given new credentials) since then is not broken again by a refusal
+-- of what it was before (NULL: no such condition).
 WITH b AS (
     UPDATE connections SET status = 'broken', broken_reason = %(reason)s, broken_at = now(),
                            updated_at = now()
     WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s AND status = 'ok'
+      AND (%(seen_at)s::timestamptz IS NULL OR updated_at = %(seen_at)s::timestamptz)
     RETURNING org_id, connection_id, provider, account
 ),
 to_notify AS (

@@ -108,11 +108,14 @@ async def run_effect(
     repeated rather than parked for review.
     """
     integ = _integrations(step)
+    # known broken: AuthorizationError (the step parks; nothing to mark). Not marked again
+    # here: the customer may have restored it since it was read (the park sees that instead)
+    connector, seen_at = await integ.connector_as_read(step.org_id, connection)
     try:
-        connector = await integ.connector(step.org_id, connection)
         return await _guarded(step, integ, connector, connection, params, key, harmless_repeat)
     except AuthorizationError as exc:
-        await integ.mark_broken(step.org_id, connection, str(exc))
+        # refused: broken, unless restored since the credentials were read
+        await integ.mark_broken(step.org_id, connection, str(exc), seen_at=seen_at)
         raise
 
 

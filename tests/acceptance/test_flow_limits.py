@@ -10,7 +10,7 @@ once, and its ledger stamps each call) and in the ``steps`` table.
   processes call it, the cap is used, and another connection of the same provider flows freely
   meanwhile: its runs do not wait for the capped ones;
 * a rate of 5 calls per second on a connection holds at the provider within one call in every
-  sliding second over ~20 s of saturation, and the limit is used (throughput near 5/s);
+  sliding second over ~12 s of saturation, and the limit is used (throughput near 5/s);
 * a lane capacity of 3 per worker: never more than 3 steps of the lane running under one owner,
   and both workers fill their 3 slots.
 """
@@ -159,14 +159,14 @@ async def test_a_connection_cap_of_2_holds_across_two_workers_while_another_flow
     assert [w.stop() for w in workers] == [0, 0]
 
 
-async def test_a_rate_of_5_per_second_holds_within_one_call_across_two_workers_for_20s(
+async def test_a_rate_of_5_per_second_holds_within_one_call_across_two_workers_for_12s(
     engine: Engine,
     sql: psycopg.Connection[Any],
     sandbox: SandboxServer,
     admin: SandboxAdmin,
     spawn: Spawn,
 ) -> None:
-    calls, per, total = 5, 1.0, 110  # 110 calls at 5/s: ~21 s of saturation
+    calls, per, total = 5, 1.0, 60  # 60 calls at 5/s: ~12 s of saturation
     await connect(engine, sandbox, "crm_rated", "acct_rated")
     await engine.set_limit("connection:crm_rated", calls=calls, per_seconds=per)
     await upsert_flow(engine, "sync-rated", "crm_rated")
@@ -182,17 +182,17 @@ async def test_a_rate_of_5_per_second_holds_within_one_call_across_two_workers_f
     received = sorted(e["ts"] for e in admin.ledger("crm", account="acct_rated"))
     busiest = most_in_one_window(received, per)
     span = received[-1] - received[0]
-    first_20s = bisect.bisect_left(received, received[0] + 20.0)
+    first_10s = bisect.bisect_left(received, received[0] + 10.0)
     gaps = sorted(b - a for a, b in itertools.pairwise(received))
     print(
         f"{len(received)} calls in {span:.1f}s ({len(received) / span:.2f}/s, limit {calls}/s); "
-        f"{first_20s} in the first 20 s; at most {busiest} in any 1 s window at the provider; "
+        f"{first_10s} in the first 10 s; at most {busiest} in any 1 s window at the provider; "
         f"gaps between calls p50 {gaps[len(gaps) // 2] * 1000:.0f} ms"
     )
     assert len(received) == total  # one call per run, none repeated
     # the limit was used: a held-back step comes back through its wake (the relay and a claim:
     # tens of ms late), so a saturated rate runs at ~80-90 % of its limit, never above it
-    assert first_20s >= 70
+    assert first_10s >= 35  # 70 % of the 50 the limit allows
     # both processes made calls: the window was shared between them, not per process
     makers = sql.execute(
         "SELECT DISTINCT worker FROM history WHERE run_id = ANY(%s) AND event = 'step_done'",

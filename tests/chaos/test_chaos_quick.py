@@ -136,6 +136,7 @@ def test_a_short_chaos_run_loses_nothing_and_repeats_nothing(
     # the outage: its notification received once (distinct) though the receiver failed
     # twice and a relay died after its 2xx (sent again, a repeat), and delivered_at written
     assert report.outages >= 1 and report.notifications == report.outages
+    assert report.reconnect_parked_after_restore == 0  # none parked behind a done restore
     assert report.notifications_undelivered == 0 and report.hook_bad_signatures == 0
     assert report.hook_distinct == report.notifications
     assert report.hook_missing == 0 and report.hook_unknown == 0

@@ -6,12 +6,23 @@ database's clock, never the worker's."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from onward import AuthorizationError, Automation, RateLimited, ids, step_kind, timers
+from onward import (
+    AuthorizationError,
+    Automation,
+    Connector,
+    RateLimited,
+    ids,
+    register_connector,
+    run_effect,
+    step_kind,
+    timers,
+)
 from onward.engine import Engine
 from onward.kinds import StepContext
 from onward.sweep import Q as SWEEP_Q
@@ -206,3 +217,93 @@ async def test_a_step_refused_while_its_connection_is_restored_goes_on_instead_o
     assert "step_parked" not in events and "step_deferred" in events, events
     (row,) = sql.execute("SELECT failures, attempt FROM steps WHERE run_id = %s", (run_id,))
     assert (row["failures"], row["attempt"]) == (0, 2), row
+
+
+_REFUSED_BEFORE_RESTORE: list[Engine] = []
+
+
+@register_connector
+class _RefusedBeforeRestore(Connector):
+    """Its first call is refused -- and, while it was on its way, another step's refusal broke
+    the connection and the customer restored it: the refusal arrives after the restore."""
+
+    provider = "test_refused_before_restore"
+
+    async def perform(self, idempotency_key: str, params: dict[str, Any]) -> dict[str, Any]:
+        engine = _REFUSED_BEFORE_RESTORE[0]
+        if not params.get("again"):
+            _REFUSED_BEFORE_RESTORE.append(engine)  # once
+            await engine.integrations.mark_broken("test", "flaky", "revoked (another step)")
+            await engine.integrations.restore("test", "flaky")
+            raise AuthorizationError("credentials refused", connection="flaky")
+        return {"ok": True}
+
+
+@step_kind("test.refused_before_restore")
+async def _refused_before_restore_step(step: StepContext) -> dict[str, Any]:
+    return await run_effect(step, "flaky", {"again": len(_REFUSED_BEFORE_RESTORE) > 1})
+
+
+async def test_a_refusal_that_arrives_after_the_restore_does_not_break_the_connection_again(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
+    """A call made before the customer restored the connection, refused after the restore
+    committed: marking the connection broken again would park this run -- and every later one
+    that needs the connection -- behind a second restore nobody knows to make (the chaos run's
+    mailbox outage: 16 runs parked after the restore). The refusal is older than the restore
+    (connections.sql mark_broken, seen_at): the connection stays usable, the step goes on at
+    once (C4a) and the run completes; one notification, for the first break."""
+    _REFUSED_BEFORE_RESTORE[:] = [engine]
+    await engine.integrations.add_connection(
+        "test",
+        "flaky",
+        provider="test_refused_before_restore",
+        base_url="http://127.0.0.1:9",
+        account="a",
+        secret="s",
+    )
+    await engine.publish(Automation("refused").step("a", "test.refused_before_restore").build())
+    run_id = (await engine.start("refused", {}, event_id="r1")).run_id
+    async with engine.running():
+        assert await engine.wait(run_id, timeout=30) == "completed"
+    (conn,) = sql.execute("SELECT status FROM connections WHERE connection_id = 'flaky'")
+    assert conn["status"] == "ok"
+    notes = sql.execute("SELECT count(*) AS n FROM notifications").fetchone()
+    assert notes == {"n": 1}
+    events = [r["event"] for r in history(sql, run_id)]
+    assert "step_parked" not in events and "step_deferred" in events, events
+
+
+async def test_mark_broken_changes_nothing_once_the_connection_changed_since_it_was_read(
+    engine: Engine, sql: psycopg.Connection
+) -> None:
+    """``seen_at`` is the connection's state the refused call read: broken once it is still
+    that state; a restore or new credentials since then make the refusal stale."""
+    integ = engine.integrations
+    await integ.add_connection(
+        "test", "mailbox", provider="email", base_url="http://127.0.0.1:9", account="a", secret="s"
+    )
+
+    def state() -> tuple[str, Any]:
+        row = sql.execute(
+            "SELECT status, updated_at FROM connections WHERE connection_id = 'mailbox'"
+        ).fetchone()
+        assert row is not None
+        return row["status"], row["updated_at"]
+
+    _, read = state()
+    await integ.mark_broken("test", "mailbox", "another step's refusal")
+    await integ.restore("test", "mailbox")
+    await integ.mark_broken("test", "mailbox", "refused before the restore", seen_at=read)
+    status, restored = state()
+    assert status == "ok"
+    await integ.add_connection(  # new credentials: a refusal of the old ones is stale too
+        "test", "mailbox", provider="email", base_url="http://127.0.0.1:9", account="a", secret="t"
+    )
+    await integ.mark_broken("test", "mailbox", "refused the old secret", seen_at=restored)
+    status, current = state()
+    assert status == "ok"
+    await integ.mark_broken("test", "mailbox", "refused the current secret", seen_at=current)
+    assert state()[0] == "broken"
+    notes = sql.execute("SELECT subject FROM notifications ORDER BY created_at").fetchall()
+    assert len(notes) == 2, notes  # the first break and the last

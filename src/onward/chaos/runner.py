@@ -58,7 +58,8 @@ and answer the emails (twice delivered by the provider; early on some runs, neve
 A click or a delivery that got no answer is tried again while the request is pending or the
 step still waits.
 
-The workers, the leader and the starter are ``python -m onward.testing.worker`` processes.
+The workers, the leader and the starter are ``python -m onward.testing.worker`` processes;
+the engine API is ``python -m onward.chaos.api_standby`` (``onward api`` once told to go).
 
 Every slot is respawned when its process dies, from a warm spare that has already imported
 everything (``--standby``), armed (``point@n``, exactly what ``ONWARD_CRASH_AT`` does) with the
@@ -239,6 +240,7 @@ class Proc(Process):
     term_at: float | None = None
     resume_at: float | None = None
     external: bool = False
+    erase_calls: int = 0  # the API: erasures asked of it (an erasure's kill needs one)
 
 
 @dataclass
@@ -381,7 +383,9 @@ class Report:
     outages_probed: int = 0  # ... marked broken by the runner's probe (no send met the 401)
     reconnect_parks: int = 0  # steps parked on the broken connection
     reconnect_resumed: int = 0  # ... resumed by the restore
-    reconnect_resumed_by_operator: int = 0  # parked after the restore committed: resumed by hand
+    # steps seen parked on it while it was usable (after the restore): nothing would resume
+    # them (the engine goes on instead of parking, connections.usable_for_park): must be 0
+    reconnect_parked_after_restore: int = 0
     notifications: int = 0
     notifications_undelivered: int = 0  # delivered_at not written: must be 0
     hook_attempts: int = 0  # requests the receiver got (503s and repeats included)
@@ -528,7 +532,7 @@ class Report:
             f"notifications                {self.notifications} written ({self.outages} "
             f"outages of {scenario.BREAK_CONNECTION}, {self.outages_probed} found by a probe; "
             f"{self.reconnect_parks} steps parked on it, resumed by the restore "
-            f"{self.reconnect_resumed}, by an operator {self.reconnect_resumed_by_operator}); "
+            f"{self.reconnect_resumed}; parked after it {self.reconnect_parked_after_restore}); "
             f"undelivered {self.notifications_undelivered}",
             f"                             receiver: {self.hook_attempts} attempts "
             f"({self.hook_failed} failed, {self.hook_repeats} repeats), {self.hook_distinct} "
@@ -632,6 +636,11 @@ class Report:
             out.append(
                 f"{self.notifications_undelivered} notifications undelivered, "
                 f"{self.hook_missing} never received, {self.hook_unknown} received unknown"
+            )
+        if self.reconnect_parked_after_restore:
+            out.append(
+                f"{self.reconnect_parked_after_restore} steps parked on a connection already "
+                "restored"
             )
         if self.hook_bad_signatures:
             out.append(f"{self.hook_bad_signatures} notification signatures did not hold")
@@ -1613,6 +1622,7 @@ class _Chaos:
         self.notify_specs: list[Spec] = []
         self.outage: dict[str, Any] | None = None
         self.outages_done = 0
+        self.parked_after_restore: set[str] = set()  # run ids
 
     # -- the schedule ---------------------------------------------------------------------------
     def plan(self) -> None:
@@ -1730,30 +1740,46 @@ class _Chaos:
         self.report.processes += 1
         return proc
 
-    def _spawn_api(self) -> Proc:
-        """The engine API: a new ``onward api`` on the run's port, armed through
-        ``ONWARD_CRASH_AT`` with the next kill of its queue. No warm spare: one process at a
-        time holds the port, and the sandbox's Slack app and inbound webhook point at it."""
+    def _api_standby(self) -> Proc:
+        """A warm spare of the engine API (``onward.chaos.api_standby``): everything imported,
+        the port not bound until its ``go`` line."""
         self.generation += 1
-        name = f"api0-{self.generation}"
-        queue = self.queues["api"]
-        ready = self._api_spec_ready()
-        specs = [queue.pop(ready)] if ready is not None else []
-        for spec in specs:
-            spec.tries += 1
-        env = self._cli_env(name, specs, application_name=self.app_prefix + name)
-        argv = [sys.executable, "-m", "onward.cli", "api", "--host", "127.0.0.1"]
+        name = f"spare{self.generation}-api"
+        env = self._cli_env(name, [], application_name=self.app_prefix + name)
+        argv = [sys.executable, "-m", "onward.chaos.api_standby", "--host", "127.0.0.1"]
         proc = Proc.start(
             [*argv, "--port", str(self.api_port)],
             name=name,
             log_path=self.log_dir / f"p{self.generation:04d}-api.log",
             env=env,
+            stdin=True,
             role="api",
-            slot=0,
-            specs=specs,
             spawned_at=time.monotonic(),
         )
         self.report.processes += 1
+        return proc
+
+    def _spawn_api(self) -> Proc:
+        """The engine API on the run's port (a warm spare told to go, or a new one), armed
+        with the next kill of its queue it can reach. No second process serves at once: one
+        holds the port, and the sandbox's Slack app and inbound webhook point at it; a spare
+        waits for the next restart behind it."""
+        queue = self.queues["api"]
+        ready = self._api_spec_ready()
+        specs = [queue.pop(ready)] if ready is not None else []
+        for spec in specs:
+            spec.tries += 1
+        proc = self.spares.pop("api", None)
+        if proc is None or not proc.alive():
+            if proc is not None:
+                self.retired.append(proc)
+            proc = self._api_standby()
+        if self.warm:
+            self.spares["api"] = self._api_standby()
+        self.generation += 1
+        proc.name = f"api0-{self.generation}"
+        proc.slot, proc.specs, proc.spawned_at = 0, specs, time.monotonic()
+        proc.tell(f"go {proc.name} {','.join(x.arm for x in specs) or '-'}\n")
         self.procs[("api", 0)] = proc
         return proc
 
@@ -2082,11 +2108,22 @@ class _Chaos:
             return "early_in_flight" if row["step_status"] == "running" else "early"
         return None
 
+    @staticmethod
+    def _holds_still(row: dict[str, Any], moment: str) -> bool:
+        """Whether the erasure of this run reaches ``erasure.after_run`` in the API for sure:
+        its run finished, or waiting on its first timer (cancelled at once, then erased). A
+        run whose step is ready may be claimed before the erasure locks it: the erasure then
+        stays pending and the elected sweeper erases the run -- the kill goes by, and with it
+        one of the few contacts to erase."""
+        return moment == "finished" or (
+            row["step_id"] == "wait" and row["step_status"] == "waiting"
+        )
+
     def _erasable(self, point: str) -> bool:
         rows = getattr(self, "erase_rows", [])
         return any(
             (m := self._erase_moment(r)) is not None
-            and not (point == "erasure.after_run" and m == "early_in_flight")
+            and (point != "erasure.after_run" or self._holds_still(r, m))
             for r in rows
         )
 
@@ -2127,8 +2164,8 @@ class _Chaos:
             moment = self._erase_moment(r)
             if moment is None:
                 continue
-            if armed == "erasure.after_run" and moment == "early_in_flight":
-                continue  # its erasure would stop at the record: the run is erased later
+            if armed == "erasure.after_run" and not self._holds_still(r, moment):
+                continue  # its erasure might stop at the record: the run is erased later
             if armed is None and len(todo) <= kills_left:
                 return  # kept for the kills still to come (one contact for each at least)
             planned = scenario.erase_plan(self.erase_contacts[r["contact_id"]])
@@ -2147,6 +2184,10 @@ class _Chaos:
                     self.before_erasure[e["what"]] += e["n"]
         self.erasing.setdefault(contact, None)
         self.report.erasure_requests += 1
+        api = self.procs.get(("api", 0))
+        if api is not None:
+            api.erase_calls += 1
+        armed = ",".join(x.arm for x in api.specs if not x.done) if api is not None else "-"
         try:
             reply = self._api().post(
                 f"/v1/contacts/{contact}/erase",
@@ -2155,9 +2196,14 @@ class _Chaos:
             )
         except httpx.HTTPError:
             self.report.erasures_lost += 1  # asked again once the API is back
+            self.out(f"[chaos {self.elapsed():6.1f}s] erase {contact}: no answer (armed {armed})")
             return
         if reply.status_code in (200, 202):
             self.erasing[contact] = reply.json()
+            self.out(
+                f"[chaos {self.elapsed():6.1f}s] erase {contact}: {reply.json()['status']} "
+                f"(armed {armed or '-'})"
+            )
             self.report.erasures[contact] = self.erasing[contact]["status"]  # type: ignore[index]
             return
         if reply.status_code == 503:  # the database could not be reached (a terminated
@@ -2264,7 +2310,7 @@ class _Chaos:
                 o.update(state="delivering", since=now)
         elif o["state"] == "delivering":
             if now - o["since"] > 1.0:
-                self._resume_reconnect_parks()
+                self._parked_after_restore()
             undelivered = self._undelivered()
             if undelivered is None or undelivered > 0:
                 return
@@ -2294,9 +2340,10 @@ class _Chaos:
             return None  # not written yet
         return int(row["n"])
 
-    def _resume_reconnect_parks(self) -> None:
-        """A step that read the connection as broken, then parked after the restore committed,
-        waits for a reconnect that already happened: resumed by an operator (counted)."""
+    def _parked_after_restore(self) -> None:
+        """Steps parked on the connection while it is usable again: nothing would resume them
+        (a step refused around the restore goes on instead of parking). Counted, and left
+        parked: the run then fails the check, as it would stay parked for a customer."""
         try:
             rows = self.monitor.execute(  # type: ignore[union-attr]
                 _PARKED_AFTER_RESTORE,
@@ -2304,17 +2351,8 @@ class _Chaos:
             ).fetchall()
         except (psycopg.Error, AttributeError):
             return
-        for r in rows:
-            try:
-                reply = self._api().post(
-                    f"/v1/runs/{r['run_id']}/resume",
-                    json={"by": "chaos"},
-                    timeout=5.0,
-                )
-            except httpx.HTTPError:
-                return
-            if reply.status_code == 200:
-                self.report.reconnect_resumed_by_operator += 1
+        self.parked_after_restore.update(r["run_id"] for r in rows)
+        self.report.reconnect_parked_after_restore = len(self.parked_after_restore)
 
     def _extras_done(self) -> bool:
         """The migration, the erasures and the outages are over."""
@@ -2495,6 +2533,8 @@ class _Chaos:
             for role in ("worker", "leader", "starter"):
                 if role not in self.spares:
                     self.spares[role] = self._standby(role)
+            if "api" not in self.spares:
+                self.spares["api"] = self._api_standby()
         starter = self.procs.get(("starter", 0))
         if starter is not None and starter.alive() and starter.term_at is None:
             self.feed(starter)
@@ -2519,6 +2559,12 @@ class _Chaos:
                 )
                 limit = 20.0 if slow else 12.0
                 if now - proc.ready_at > limit:
+                    if proc.role == "api" and not proc.erase_calls:
+                        # an erasure's kill never had its erasure (no contact could be
+                        # erased): not a try, it comes again
+                        for x in proc.specs:
+                            if x.point in ERASURE_POINTS:
+                                x.tries -= 1
                     proc.popen.send_signal(signal.SIGTERM)  # give up on this kill for now
                     proc.term_at = now
         self._flow_control(now)
