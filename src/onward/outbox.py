@@ -29,6 +29,10 @@ Q = Queries(__package__, "outbox.sql")
 log = logging.getLogger("onward.relay")
 
 DELAY_HORIZON_S = 366 * 86400.0
+# the shortest sleep of a relay waiting for the next delayed row (queue without delays): in a
+# burst of timers due every few milliseconds it publishes them in batches of ~this long, not
+# one by one
+MIN_WAIT_S = 0.01
 
 
 class Relay:
@@ -99,7 +103,23 @@ class Relay:
             if n >= self.batch:
                 continue
             self.kick.clear()
-            await sleep_or(stop, self.poll_seconds, self.kick)
+            await sleep_or(stop, await self._wait(), self.kick)
+
+    async def _wait(self) -> float:
+        """How long to sleep: the poll interval, or -- with a queue that keeps no delayed jobs,
+        whose delayed wakes wait here in the outbox -- until the next of them is due, if sooner
+        (at least ``MIN_WAIT_S``)."""
+        if self.queue.supports_delay:
+            return self.poll_seconds
+        try:
+            async with self.pool.connection() as conn:
+                row = await (await conn.execute(Q.next_due)).fetchone()
+        except (psycopg.OperationalError, OSError):
+            return self.poll_seconds
+        wait_s = row["wait_s"] if row else None
+        if wait_s is None:
+            return self.poll_seconds
+        return min(self.poll_seconds, max(MIN_WAIT_S, float(wait_s)))
 
 
 async def prune_sent(conn: Conn, *, keep_seconds: float, limit: int) -> int:
