@@ -9,6 +9,13 @@ and otherwise the consumer's claim or fire finds nothing left to do.
 
 With the PostgreSQL queue the NOTIFY is issued on the relay's own connection, inside that
 transaction, so publishing and marking sent commit together (NOTIFY is transactional).
+
+Timer wakes with the PostgreSQL queue: the outbox keeps a delayed wake until it is due, so the
+relay that takes it at its instant fires the timer itself (``timers.fire(by='wake')``) in the
+same transaction, instead of a NOTIFY that every listener hears and then fires through a
+second statement: one transaction per batch, no broadcast, and each wake taken by one relay
+(``SKIP LOCKED``). The woken steps' own wakes are rows of that transaction, published at once
+by the relay's next round.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import logging
 
 import psycopg
 
-from onward import metrics
+from onward import metrics, timers
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -51,13 +58,25 @@ class Relay:
         self.published = 0
 
     async def run_once(self) -> int:
-        """Publish one batch; returns how many rows it published."""
+        """Publish one batch (with the PostgreSQL queue, its timer wakes fired here); returns
+        how many rows it took."""
         horizon = DELAY_HORIZON_S if self.queue.supports_delay else 0.0
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(Q.take_unsent, {"horizon": horizon, "limit": self.batch})
             rows = await cur.fetchall()
             if not rows:
                 return 0
+            fires = self.queue.name == "postgres"  # see the module's docstring
+            due = [r for r in rows if fires and r["topic"] == "timer"]
+            if due:
+                fired = await timers.fire(
+                    conn,
+                    [
+                        (r["org_id"], r["payload"]["timer_id"], r["payload"].get("wake_n"))
+                        for r in due
+                    ],
+                    by="wake",
+                )
             wakes = [
                 Wake(
                     job_id=r["job_id"],
@@ -68,6 +87,7 @@ class Relay:
                     delay_s=r["delay_s"],
                 )
                 for r in rows
+                if not (fires and r["topic"] == "timer")
             ]
             publish_tx = getattr(self.queue, "publish_tx", None)
             if publish_tx is not None:
@@ -84,10 +104,15 @@ class Relay:
             )
         self.published += len(rows)
         metrics.published(len(rows))
+        if due:
+            metrics.timers_fired("wake", fired)
+            if fired:
+                self.kick.set()  # the woken steps' wakes: publish them at once
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self.kick.clear()  # before the round: a kick during it is not lost
             try:
                 n = await self.run_once()
             except (psycopg.OperationalError, OSError, ConnectionError) as exc:
@@ -102,7 +127,6 @@ class Relay:
                 await sleep_or(stop, 1.0)
             if n >= self.batch:
                 continue
-            self.kick.clear()
             await sleep_or(stop, await self._wait(), self.kick)
 
     async def _wait(self) -> float:

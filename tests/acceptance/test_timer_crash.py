@@ -3,14 +3,18 @@ nothing and fires nothing twice, whether its fire claimed the woken step for its
 a free slot in the step's lane) or made it ready for anyone.
 
 The worker processes are ``python -m onward.testing.worker`` (tests/acceptance/procs.py), with
-their relay and the PostgreSQL queue: the timer's delayed wake leaves the outbox at its instant
-and reaches the worker's listener. The first process runs no sweeper, so only its wake fires the
-timer; the second one does, and finishes the run.
+their relay and the Redis queue (a prefix of this test's own): the relay hands the timer's
+delayed wake to Redis at once, and at its instant a worker's consumer takes it and fires the
+timer. (With the PostgreSQL queue the relay fires it itself, in its own transaction:
+``relay.after_publish``.) The first process runs no sweeper, so only its wake fires the timer;
+the second one does, and finishes the run.
 """
 
 from __future__ import annotations
 
+import secrets
 import signal
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -18,8 +22,8 @@ import pytest
 
 from onward import Automation
 from onward.engine import Engine
-from onward.testing import Process, eventually, history, run_row, step_row
-from tests.acceptance.conftest import Spawn
+from onward.testing import Process, Processes, eventually, history, run_row, step_row
+from tests.acceptance.procs import KINDS, worker_settings
 
 pytestmark = pytest.mark.acceptance
 
@@ -65,7 +69,7 @@ async def running(sql: Sql, run_id: str) -> bool:
 
 @pytest.mark.parametrize("eager", [True, False], ids=["claimed-by-the-fire", "made-ready"])
 async def test_a_worker_killed_after_its_timer_fire_loses_nothing(
-    engine: Engine, sql: Sql, spawn: Spawn, eager: bool
+    engine: Engine, sql: Sql, db_url: str, processes: Processes, eager: bool
 ) -> None:
     """The first worker serves the ``wait`` lane with one slot. Eager: the slot is free when
     the wake arrives, so the fire claims the woken step for the dying worker (running, attempt
@@ -77,7 +81,14 @@ async def test_a_worker_killed_after_its_timer_fire_loses_nothing(
     await engine.publish(hog_flow())
     run_id = (await engine.start("nap", {}, event_id=f"nap-{eager}")).run_id
 
-    a = spawn("proc-a", crash_at="timer.after_fire", lanes="wait=1,fast=4", lease=2.0)
+    settings = replace(
+        worker_settings(db_url, lease=2.0, queue="redis"), queue_prefix=f"t{secrets.token_hex(4)}"
+    )
+
+    def spawn(name: str, **options: Any) -> Process:
+        return processes.worker(settings, name, kinds=KINDS, **options)
+
+    a = spawn("proc-a", crash_at="timer.after_fire", lanes="wait=1,fast=4")
     await eventually(lambda: waiting(sql, run_id), timeout=20, what="the run waiting")
     if not eager:
         hog = (await engine.start("hog", {}, event_id="hog")).run_id
@@ -95,7 +106,7 @@ async def test_a_worker_killed_after_its_timer_fire_loses_nothing(
     else:
         assert (step["status"], step["attempt"], step["owner"]) == ("ready", 1, None)
 
-    b = spawn("proc-b", lanes="wait=4,fast=4", lease=2.0, sweeper=True)
+    b = spawn("proc-b", lanes="wait=4,fast=4", sweeper=True)
     await eventually(lambda: completed(sql, run_id), timeout=30, what="the run completed")
 
     assert timers_of(sql, run_id) == [timer]  # fired once, never again
