@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import psycopg
 
@@ -67,7 +68,7 @@ class Relay:
             if not rows:
                 return 0
             fires = self.queue.name == "postgres"  # see the module's docstring
-            due = [r for r in rows if fires and r["topic"] == "timer"]
+            due = [r for r in rows if fires and _timer_id(r) is not None]
             if due:
                 fired = await timers.fire(
                     conn,
@@ -87,7 +88,7 @@ class Relay:
                     delay_s=r["delay_s"],
                 )
                 for r in rows
-                if not (fires and r["topic"] == "timer")
+                if not (fires and _timer_id(r) is not None)
             ]
             publish_tx = getattr(self.queue, "publish_tx", None)
             if publish_tx is not None:
@@ -144,6 +145,13 @@ class Relay:
         if wait_s is None:
             return self.poll_seconds
         return min(self.poll_seconds, max(MIN_WAIT_S, float(wait_s)))
+
+
+def _timer_id(row: dict[str, Any]) -> int | None:
+    """The timer a ``timer`` wake row names (None: not a timer wake, or a malformed one, which
+    is published as it is and fires nothing)."""
+    timer_id = (row["payload"] or {}).get("timer_id") if row["topic"] == "timer" else None
+    return timer_id if isinstance(timer_id, int) else None
 
 
 async def prune_sent(conn: Conn, *, keep_seconds: float, limit: int) -> int:
