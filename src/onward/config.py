@@ -71,8 +71,9 @@ class Settings:
     #: late at 200 and ~0.05-0.16 s at 1,000 (onward bench latency, README "Performance")
     relay_batch: int = 1000
     relay_poll_seconds: float = 0.1
-    #: a worker fires the timers whose wakes arrived (onward.worker): at most this many in one
-    #: statement (timers.sql fire), with at most this many statements in flight at once
+    #: a worker fires the timers whose wakes arrived (onward.worker, the Redis queue): at most
+    #: this many in one statement (timers.sql fire), with at most this many statements in flight
+    #: at once. With the PostgreSQL queue the relay fires them, at most this many a round
     timer_fire_batch: int = 500
     timer_fire_concurrency: int = 2
     #: the Redis queue's consumer (onward.queue.redis): the longest BRPOP, the delayed wakes of

@@ -52,8 +52,12 @@ class Relay:
         batch: int = 1000,
         poll_seconds: float = 0.1,
         kick: asyncio.Event | None = None,
+        fire_batch: int = 500,
     ) -> None:
-        self.pool, self.queue, self.batch = pool, queue, batch
+        self.pool, self.queue = pool, queue
+        # with the PostgreSQL queue a round fires the timers it takes, and every timer due while
+        # the round runs waits for the next one: at most fire_batch rows a round
+        self.batch = min(batch, fire_batch) if queue.name == "postgres" else batch
         self.poll_seconds = poll_seconds
         self.kick = kick or asyncio.Event()
         self.published = 0
