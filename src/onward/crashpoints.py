@@ -30,7 +30,7 @@ POINTS = {
     "approval.after_decide": "decision written and its step woken in a transaction not yet committed",
     "worker.after_wait": "waiting step settled: timer row + delayed outbox wake committed",
     "worker.before_settle_error": "handler raised (effect row withdrawn/unknown); retry not written",
-    "timer.after_fire": "timers fired on their wake and steps made ready; local kick not done",
+    "timer.after_fire": "timers fired on their wake, steps claimed here or made ready; not yet run",
     "schedule.after_start": "a schedule's run started (committed); the schedule not yet advanced",
     "circuit.after_open": "a failure opened a circuit (committed); its step not yet parked",
     "circuit.after_half_open": "circuits half-opened and their probes made ready (committed)",

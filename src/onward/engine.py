@@ -672,6 +672,7 @@ class Engine:
                 batch=self.settings.relay_batch,
                 poll_seconds=self.settings.relay_poll_seconds,
                 kick=kick,
+                fire_batch=self.settings.timer_fire_batch,
             )
         if sweeper:
             svc.sweeper = Sweeper(

@@ -9,6 +9,13 @@ and otherwise the consumer's claim or fire finds nothing left to do.
 
 With the PostgreSQL queue the NOTIFY is issued on the relay's own connection, inside that
 transaction, so publishing and marking sent commit together (NOTIFY is transactional).
+
+Timer wakes with the PostgreSQL queue: the outbox keeps a delayed wake until it is due, so the
+relay that takes it at its instant fires the timer itself (``timers.fire(by='wake')``) in the
+same transaction, instead of a NOTIFY that every listener hears and then fires through a
+second statement: one transaction per batch, no broadcast, and each wake taken by one relay
+(``SKIP LOCKED``). The woken steps' own wakes are rows of that transaction, published at once
+by the relay's next round.
 """
 
 from __future__ import annotations
@@ -16,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import psycopg
 
-from onward import metrics
+from onward import metrics, timers
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -29,6 +37,10 @@ Q = Queries(__package__, "outbox.sql")
 log = logging.getLogger("onward.relay")
 
 DELAY_HORIZON_S = 366 * 86400.0
+# the shortest sleep of a relay waiting for the next delayed row (queue without delays): in a
+# burst of timers due every few milliseconds it publishes them in batches of ~this long, not
+# one by one
+MIN_WAIT_S = 0.01
 
 
 class Relay:
@@ -40,20 +52,36 @@ class Relay:
         batch: int = 1000,
         poll_seconds: float = 0.1,
         kick: asyncio.Event | None = None,
+        fire_batch: int = 500,
     ) -> None:
-        self.pool, self.queue, self.batch = pool, queue, batch
+        self.pool, self.queue = pool, queue
+        # with the PostgreSQL queue a round fires the timers it takes, and every timer due while
+        # the round runs waits for the next one: at most fire_batch rows a round
+        self.batch = min(batch, fire_batch) if queue.name == "postgres" else batch
         self.poll_seconds = poll_seconds
         self.kick = kick or asyncio.Event()
         self.published = 0
 
     async def run_once(self) -> int:
-        """Publish one batch; returns how many rows it published."""
+        """Publish one batch (with the PostgreSQL queue, its timer wakes fired here); returns
+        how many rows it took."""
         horizon = DELAY_HORIZON_S if self.queue.supports_delay else 0.0
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(Q.take_unsent, {"horizon": horizon, "limit": self.batch})
             rows = await cur.fetchall()
             if not rows:
                 return 0
+            fires = self.queue.name == "postgres"  # see the module's docstring
+            due = [r for r in rows if fires and _timer_id(r) is not None]
+            if due:
+                fired = await timers.fire(
+                    conn,
+                    [
+                        (r["org_id"], r["payload"]["timer_id"], r["payload"].get("wake_n"))
+                        for r in due
+                    ],
+                    by="wake",
+                )
             wakes = [
                 Wake(
                     job_id=r["job_id"],
@@ -64,6 +92,7 @@ class Relay:
                     delay_s=r["delay_s"],
                 )
                 for r in rows
+                if not (fires and _timer_id(r) is not None)
             ]
             publish_tx = getattr(self.queue, "publish_tx", None)
             if publish_tx is not None:
@@ -80,10 +109,15 @@ class Relay:
             )
         self.published += len(rows)
         metrics.published(len(rows))
+        if due:
+            metrics.timers_fired("wake", fired)
+            if fired:
+                self.kick.set()  # the woken steps' wakes: publish them at once
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self.kick.clear()  # before the round: a kick during it is not lost
             try:
                 n = await self.run_once()
             except (psycopg.OperationalError, OSError, ConnectionError) as exc:
@@ -98,8 +132,30 @@ class Relay:
                 await sleep_or(stop, 1.0)
             if n >= self.batch:
                 continue
-            self.kick.clear()
-            await sleep_or(stop, self.poll_seconds, self.kick)
+            await sleep_or(stop, await self._wait(), self.kick)
+
+    async def _wait(self) -> float:
+        """How long to sleep: the poll interval, or -- with a queue that keeps no delayed jobs,
+        whose delayed wakes wait here in the outbox -- until the next of them is due, if sooner
+        (at least ``MIN_WAIT_S``)."""
+        if self.queue.supports_delay:
+            return self.poll_seconds
+        try:
+            async with self.pool.connection() as conn:
+                row = await (await conn.execute(Q.next_due)).fetchone()
+        except (psycopg.OperationalError, OSError):
+            return self.poll_seconds
+        wait_s = row["wait_s"] if row else None
+        if wait_s is None:
+            return self.poll_seconds
+        return min(self.poll_seconds, max(MIN_WAIT_S, float(wait_s)))
+
+
+def _timer_id(row: dict[str, Any]) -> int | None:
+    """The timer a ``timer`` wake row names (None: not a timer wake, or a malformed one, which
+    is published as it is and fires nothing)."""
+    timer_id = (row["payload"] or {}).get("timer_id") if row["topic"] == "timer" else None
+    return timer_id if isinstance(timer_id, int) else None
 
 
 async def prune_sent(conn: Conn, *, keep_seconds: float, limit: int) -> int:

@@ -12,6 +12,14 @@ ORDER BY deliver_at, outbox_id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
+-- name: next_due
+-- Seconds until the earliest unsent row not yet due comes due (NULL: none), for a queue without
+-- delayed jobs: the relay sleeps until then instead of a whole poll interval, so a timer's wake
+-- leaves at its instant. Served by outbox_unsent: its first entry after now().
+SELECT extract(epoch FROM min(deliver_at) - now())::float8 AS wait_s
+FROM outbox
+WHERE sent_at IS NULL AND deliver_at > now();
+
 -- name: mark_sent
 -- After publishing: a crash before this line republishes the batch (deduplicated by job id).
 UPDATE outbox o SET sent_at = now()

@@ -25,14 +25,40 @@ from onward.errors import InvalidInput
 Q = Queries(__package__, "timers.sql")
 
 
+@dataclass(frozen=True)
+class Eager:
+    """A firing worker's offer to run what its timers wake (``timers.sql fire``): its id, and
+    per lane it serves the slots free now and the lane's lease. Up to that many woken steps of
+    each lane are claimed by the worker in the fire's own statement."""
+
+    worker: str
+    free: dict[str, int]
+    leases: dict[str, float]
+
+
+# the columns of a fired timer's row that are its step's claim (as ``leases.claim`` returns it)
+_CLAIM_KEYS = (
+    "org_id", "run_id", "seq", "step_id", "kind", "lane", "iteration", "attempt", "failures",
+    "wake", "queue_lag_s", "db_now", "automation_id", "version", "input", "ctx", "visits",
+    "traceparent", "steps_executed", "max_steps", "cancel_requested", "over_steps", "over_age",
+)  # fmt: skip
+
+
 async def fire(
-    conn: Conn, timers: Sequence[tuple[str, int] | tuple[str, int, int | None]], *, by: str
+    conn: Conn,
+    timers: Sequence[tuple[str, int] | tuple[str, int, int | None]],
+    *,
+    by: str,
+    eager: Eager | None = None,
 ) -> list[dict[str, Any]]:
     """Fire these ``(org_id, timer_id[, wake_n])`` if still unfired; returns the ones this
-    call fired. A wake names the timer's wake number: once the timer was recomputed (a new
-    ``wake_n``) the old wake fires nothing. The sweep passes no wake number."""
+    call fired (``org_id``, ``timer_id``, ``run_id``, ``lateness_s``, ``lane``, and ``claim``:
+    the woken step's claim when ``eager`` claimed it, else None). A wake names the timer's
+    wake number: once the timer was recomputed (a new ``wake_n``) the old wake fires nothing.
+    The sweep passes no wake number and claims nothing."""
     if not timers:
         return []
+    lanes = [lane for lane, n in (eager.free.items() if eager else ()) if n > 0]
     cur = await conn.execute(
         Q.fire,
         {
@@ -40,9 +66,23 @@ async def fire(
             "timer_ids": [t[1] for t in timers],
             "wake_ns": [t[2] if len(t) > 2 else None for t in timers],
             "by": by,
+            "worker": eager.worker if eager else None,
+            "lanes": lanes,
+            "free": [eager.free[lane] for lane in lanes] if eager else [],
+            "leases": [eager.leases[lane] for lane in lanes] if eager else [],
         },
     )
-    return list(await cur.fetchall())
+    return [
+        {
+            "org_id": r["org_id"],
+            "timer_id": r["timer_id"],
+            "run_id": r["run_id"],
+            "lateness_s": r["lateness_s"],
+            "lane": r["lane"],
+            "claim": {k: r[k] for k in _CLAIM_KEYS} if r["claimed"] else None,
+        }
+        for r in await cur.fetchall()
+    ]
 
 
 @dataclass

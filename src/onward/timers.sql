@@ -10,6 +10,12 @@
 -- other (one of them fires each timer; the sweep's own locks do not block its own fire). A
 -- wake names its wake number: the wake of a timer recomputed since (wake_n moved on) does
 -- nothing; the sweep names none and fires what is due.
+-- Eager: a worker firing on the wake names the lanes it serves with their free slots
+-- (%(lanes)s, %(free)s, %(leases)s; the sweep names none). Up to that many woken steps of each
+-- lane are claimed by %(worker)s in this statement instead of made ready -- running, attempt + 1
+-- (the fence), its lane's lease, no outbox wake -- as leases.sql settle_advance inserts an
+-- eager successor, and returned as leases.sql claim returns a claim, so the worker runs them
+-- at once: no wake round trip and no second claim. The history row is the same `timer_fired`.
 WITH picked AS (
     -- one primary-key lookup per named timer, whatever the statistics say (a Monday burst is
     -- exactly when they are stale), in one order, skipping timers another fire holds
@@ -33,28 +39,71 @@ f AS (
     WHERE t.org_id = p.org_id AND t.timer_id = p.timer_id
     RETURNING t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.fired_at, t.purpose
 ),
-to_ready AS (
-    SELECT f.org_id, f.run_id, f.seq, 'waiting' AS from_status, NULL::int AS attempt,
-           now() AS available_at,
+woken AS (
+    -- each fired timer's waiting step, what woke it and the history row's detail; numbered
+    -- within its lane (earliest due first) against the firing worker's free slots
+    SELECT f.org_id, f.timer_id, f.run_id, f.seq, st.lane,
            jsonb_build_object('by', 'timer', 'timer_id', f.timer_id, 'due_at', f.due_at,
                               'purpose', f.purpose) AS wake,
-           NULL::jsonb AS error, 'timer_fired' AS event, NULL::text AS worker,
            jsonb_build_object('timer_id', f.timer_id, 'by', %(by)s::text, 'due_at', f.due_at,
                               'lateness_ms',
                               round(extract(epoch FROM f.fired_at - f.due_at) * 1000)::bigint)
-               AS detail
-    FROM f
+               AS detail,
+           row_number() OVER (PARTITION BY st.lane ORDER BY f.due_at, f.timer_id) AS nth
+    FROM f JOIN steps st ON st.org_id = f.org_id AND st.run_id = f.run_id AND st.seq = f.seq
+),
+eager AS (
+    SELECT w.*, c.lease
+    FROM woken w
+    JOIN unnest(%(lanes)s::text[], %(free)s::int[], %(leases)s::float8[]) AS c(lane, free, lease)
+      ON c.lane = w.lane AND w.nth <= c.free
+),
+to_ready AS (
+    SELECT w.org_id, w.run_id, w.seq, 'waiting' AS from_status, NULL::int AS attempt,
+           now() AS available_at, w.wake, NULL::jsonb AS error, 'timer_fired' AS event,
+           NULL::text AS worker, w.detail
+    FROM woken w
+    WHERE NOT EXISTS (SELECT 1 FROM eager e WHERE e.org_id = w.org_id AND e.timer_id = w.timer_id)
 ),
 {{make_ready}},
+claimed AS (
+    -- the eager ones: claimed from 'waiting' by the firing worker (re-checked under the row
+    -- lock, as make_ready does: a step that stopped waiting meanwhile is left alone)
+    UPDATE steps st
+    SET status = 'running', attempt = st.attempt + 1, owner = %(worker)s,
+        lease_until = now() + make_interval(secs => e.lease), claimed_at = now(),
+        wait_kind = NULL, available_at = now(), wake = e.wake, updated_at = now()
+    FROM eager e
+    WHERE st.org_id = e.org_id AND st.run_id = e.run_id AND st.seq = e.seq
+      AND st.status = 'waiting'
+    RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.kind, st.lane, st.iteration,
+              st.attempt, st.failures, st.wake, st.version AS step_version,
+              0.0::float8 AS queue_lag_s, e.timer_id, e.detail
+),
+claimed_history AS (
+    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    SELECT org_id, run_id, 'timer_fired', seq, step_id, nullif(attempt - 1, 0), NULL, detail
+    FROM claimed
+),
 run AS (
     UPDATE runs r SET status = 'active', updated_at = now()
-    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'waiting'
+    FROM (SELECT org_id, run_id FROM ready UNION ALL SELECT org_id, run_id FROM claimed) w
+    WHERE r.org_id = w.org_id AND r.run_id = w.run_id AND r.status = 'waiting'
 )
+-- one row per fired timer; an eager one carries its claim as leases.sql claim returns it (the
+-- run as of the statement's snapshot: its status is all this statement changes)
 SELECT f.org_id, f.timer_id, f.run_id,
        extract(epoch FROM f.fired_at - f.due_at)::float8 AS lateness_s,
-       ready.lane
-FROM f LEFT JOIN ready ON ready.org_id = f.org_id AND ready.run_id = f.run_id
-                      AND ready.seq = f.seq;
+       coalesce(ready.lane, c.lane) AS lane, c.attempt IS NOT NULL AS claimed,
+       c.seq, c.step_id, c.kind, c.iteration, c.attempt, c.failures, c.wake, c.queue_lag_s,
+       now() AS db_now, r.automation_id, coalesce(c.step_version, r.version) AS version,
+       r.input, r.ctx, r.visits, r.traceparent, r.steps_executed, r.max_steps,
+       r.cancel_requested_at IS NOT NULL AS cancel_requested,
+       r.steps_executed >= r.max_steps AS over_steps, now() > r.deadline_at AS over_age
+FROM f
+LEFT JOIN ready ON ready.org_id = f.org_id AND ready.run_id = f.run_id AND ready.seq = f.seq
+LEFT JOIN claimed c ON c.org_id = f.org_id AND c.timer_id = f.timer_id
+LEFT JOIN runs r ON c.attempt IS NOT NULL AND r.org_id = f.org_id AND r.run_id = f.run_id;
 
 -- name: pending_calendar
 -- A page of one organisation's pending calendar timers (their intent holds a rule), keyset on

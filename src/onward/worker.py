@@ -133,7 +133,8 @@ class Worker:
         self.tasks: set[asyncio.Task[None]] = set()
         self.stats = WorkerStats()
         self._stopping = False
-        self._timer_inbox: asyncio.Queue[tuple[str, int, int | None]] = asyncio.Queue()
+        # timer wakes to fire: (org_id, timer_id, wake_n, lane)
+        self._timer_inbox: asyncio.Queue[tuple[str, int, int | None, str]] = asyncio.Queue()
         #: per (org, automation, version): the outputs its expressions read (versions are
         #: immutable, so this never goes stale)
         self._reads: dict[tuple[str, str, int], frozenset[str] | None] = {}
@@ -147,7 +148,7 @@ class Worker:
             if isinstance(timer_id, int):
                 # the wake number: a wake of a timer recomputed since does nothing
                 self._timer_inbox.put_nowait(
-                    (wake.org_id, timer_id, wake_n if isinstance(wake_n, int) else None)
+                    (wake.org_id, timer_id, wake_n if isinstance(wake_n, int) else None, wake.lane)
                 )
         elif wake.lane in self.kick:
             self.kick[wake.lane].set()
@@ -157,23 +158,67 @@ class Worker:
             ev.set()
 
     async def _fire_timers(self, stop: asyncio.Event) -> None:
-        """Fast path of timers: fire on the delayed wake (idempotent with the sweep)."""
-        while not stop.is_set():
-            first = await self._timer_inbox.get()
-            batch = [first]
-            while not self._timer_inbox.empty() and len(batch) < 500:
-                batch.append(self._timer_inbox.get_nowait())
-            try:
-                async with self.pool.connection() as conn:
-                    fired = await timers.fire(conn, batch, by="wake")
-            except (psycopg.OperationalError, OSError) as exc:
-                log.warning("firing timers on wake failed (%s); the sweep will fire them", exc)
-                continue
-            crash_point("timer.after_fire")
-            metrics.timers_fired("wake", fired)
-            for f in fired:
-                if f["lane"] in self.kick:
-                    self.kick[f["lane"]].set()
+        """Fast path of timers: fire on the delayed wake (idempotent with the sweep), as soon
+        as wakes arrive -- whatever has arrived, up to ``timer_fire_batch`` timers a statement,
+        with up to ``timer_fire_concurrency`` statements in flight, so a wake never waits for
+        a batch to fill nor long behind a big one."""
+        slots = asyncio.Semaphore(self.settings.timer_fire_concurrency)
+        firing: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                first = await self._timer_inbox.get()
+                await slots.acquire()
+                batch = [first]
+                while not self._timer_inbox.empty() and len(batch) < self.settings.timer_fire_batch:
+                    batch.append(self._timer_inbox.get_nowait())
+                task = asyncio.create_task(self._fire_batch(batch, slots))
+                firing.add(task)
+                task.add_done_callback(firing.discard)
+        finally:
+            # a fire in flight may have claimed steps for this worker: let it hand them over
+            if firing:
+                await asyncio.wait(set(firing))
+
+    async def _fire_batch(
+        self, batch: list[tuple[str, int, int | None, str]], slots: asyncio.Semaphore
+    ) -> None:
+        """Fire one batch of timer wakes. Eager: the free slots of the lanes the wakes name are
+        held for the fire, which claims up to that many of the woken steps for this worker
+        (``timers.Eager``); they run at once, as an eager chain's successor does."""
+        want: dict[str, int] = {}
+        for *_, lane in batch:
+            want[lane] = want.get(lane, 0) + 1
+        held: dict[str, int] = {}
+        if self.eager and not self._stopping:
+            for lane, n in want.items():
+                if lane in self.capacity:
+                    held[lane] = max(0, min(n, self.capacity[lane] - self.running[lane]))
+                    self.running[lane] += held[lane]
+        eager = (
+            timers.Eager(self.id, held, {lane: self._lease(lane) for lane in held})
+            if any(held.values())
+            else None
+        )
+        try:
+            async with self.pool.connection() as conn:
+                fired = await timers.fire(conn, [b[:3] for b in batch], by="wake", eager=eager)
+        except (psycopg.OperationalError, OSError) as exc:
+            log.warning("firing timers on wake failed (%s); the sweep will fire them", exc)
+            return
+        finally:
+            for lane, n in held.items():
+                self.running[lane] -= n
+            slots.release()
+        crash_point("timer.after_fire")
+        metrics.timers_fired("wake", fired)
+        claims = [f["claim"] for f in fired if f["claim"] is not None]
+        self.stats.claimed += len(claims)
+        metrics.claimed(claims)
+        for claim in claims:
+            self._spawn(claim)
+        for f in fired:
+            if f["claim"] is None and f["lane"] in self.kick:
+                self.kick[f["lane"]].set()
 
     # -- the lane loops ------------------------------------------------------------------
     async def _lane_loop(self, lane: str, stop: asyncio.Event) -> None:

@@ -153,6 +153,7 @@ def _burst_workers(
     redis_url: str,
     prefix: str,
     knobs: dict[str, Any],
+    trace: bool = False,
 ) -> list[Child]:
     args = [
         "worker",
@@ -179,6 +180,8 @@ def _burst_workers(
     ]
     for name, value in knobs.items():
         args += ["--set", f"{name}={value}"]
+    if trace:
+        args.append("--trace-timers")
     children = [Child(*args) for _ in range(workers)]
     for c in children:
         c.wait_ready()
@@ -205,7 +208,14 @@ SELECT extract(epoch FROM tm.fired_at - tm.due_at)::float8 * 1000,
        extract(epoch FROM o.sent_at - tm.due_at)::float8 * 1000,
        extract(epoch FROM tm.fired_at - o.sent_at)::float8 * 1000,
        extract(epoch FROM r.finished_at - tm.due_at)::float8 * 1000,
-       extract(epoch FROM tm.due_at - %(t)s::timestamptz)::float8
+       extract(epoch FROM tm.due_at - %(t)s::timestamptz)::float8,
+       tm.timer_id,
+       extract(epoch FROM tm.due_at)::float8,
+       (SELECT extract(epoch FROM min(h.claimed_at) - tm.due_at)::float8 * 1000 FROM history h
+        WHERE h.org_id = tm.org_id AND h.run_id = tm.run_id AND h.seq = tm.seq
+          AND h.claimed_at >= tm.fired_at),
+       (SELECT extract(epoch FROM min(h.claimed_at) - tm.due_at)::float8 * 1000 FROM history h
+        WHERE h.org_id = tm.org_id AND h.run_id = tm.run_id AND h.seq = tm.seq + 1)
 FROM timers tm
 JOIN runs r ON r.org_id = tm.org_id AND r.run_id = tm.run_id
 LEFT JOIN outbox o ON o.org_id = tm.org_id AND o.topic = 'timer'
@@ -222,10 +232,11 @@ def _burst_mode(
     lead_s: float,
     redis_url: str,
     knobs: dict[str, Any],
+    trace: bool = False,
 ) -> dict[str, Any]:
     prefix = f"bench-burst-{secrets.token_hex(4)}"  # the shared Redis: keys of this mode only
     org = f"burst-{queue}-{secrets.token_hex(2)}"
-    children = _burst_workers(url, org, queue, workers, redis_url, prefix, knobs)
+    children = _burst_workers(url, org, queue, workers, redis_url, prefix, knobs, trace)
     try:
         for c in children:
             c.send("go")
@@ -296,7 +307,10 @@ def _burst_mode(
         "published_to_fired_ms": (
             _dist(legs["published_to_fired"]) if legs["published_to_fired"] else None
         ),
+        "woken_claimed_ms": _dist([r[8] for r in rows if r[8] is not None]),
+        "next_claimed_ms": _dist([r[9] for r in rows if r[9] is not None]),
         "completed_ms": _dist([r[4] for r in rows if r[4] is not None]),
+        "trace": _burst_trace(rows, [d.get("timer_trace") or {} for d in done]) if trace else None,
         "fired_per_second_after_t": [fired_at_s.get(i, 0) for i in range(max(fired_at_s) + 1)]
         if fired_at_s
         else [],
@@ -307,6 +321,50 @@ def _burst_mode(
             "n": workers,
             "relayed": sum(d["relayed"] for d in done),
             "lost": sum(d["stats"]["lost"] for d in done),
+        },
+    }
+
+
+def _burst_trace(rows: list[Any], traces: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where each timer's time went inside the workers (``--trace-timers``), in ms after its
+    instant: its wake first received by a worker, and by the worker that fired it; the fire
+    call that fired it started and returned; and the fire calls themselves (sizes, durations)."""
+    due = {int(r[6]): float(r[7]) for r in rows}
+    received: dict[int, float] = {}
+    legs: dict[str, list[float]] = {
+        "received": [],
+        "inbox": [],
+        "call_started": [],
+        "call_done": [],
+    }
+    calls: dict[str, list[tuple[float, float, int, int]]] = {}
+    for tr in traces:
+        for k, v in (tr.get("received") or {}).items():
+            received[int(k)] = min(v, received.get(int(k), v))
+        own = {int(k): v for k, v in (tr.get("received") or {}).items()}
+        tr_calls = tr.get("calls") or []
+        for by, t0, t1, asked, fired in tr_calls:
+            calls.setdefault(by, []).append((t0, t1, asked, fired))
+        for k, i in (tr.get("fired") or {}).items():
+            timer_id = int(k)
+            by, t0, t1, _, _ = tr_calls[i]
+            if timer_id not in due or by != "wake":
+                continue
+            legs["call_started"].append((t0 - due[timer_id]) * 1000)
+            legs["call_done"].append((t1 - due[timer_id]) * 1000)
+            if timer_id in own:
+                legs["inbox"].append((t0 - own[timer_id]) * 1000)
+    legs["received"] = [(v - due[k]) * 1000 for k, v in received.items() if k in due]
+    return {
+        **{f"{leg}_ms": _dist(v) for leg, v in legs.items() if v},
+        "calls": {
+            by: {
+                "n": len(cs),
+                "asked": _dist([float(c[2]) for c in cs]),
+                "fired": _dist([float(c[3]) for c in cs]),
+                "ms": _dist([(c[1] - c[0]) * 1000 for c in cs]),
+            }
+            for by, cs in calls.items()
         },
     }
 
@@ -615,12 +673,13 @@ def run(
     workers: int | None = None,
     knobs: dict[str, Any] | None = None,
     only_burst: bool = False,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """``runs``: timers per mode and signals delivered one by one; the HTTP intake sends
     ten times as many requests (half of them duplicates). ``burst``: timers due in the same
     second, per queue of ``burst_queues``, with ``workers`` worker processes (2). From Python
-    only: ``knobs`` (Settings fields of the burst's workers) and ``only_burst`` (the burst
-    alone, for tuning)."""
+    only: ``knobs`` (Settings fields of the burst's workers), ``only_burst`` (the burst
+    alone, for tuning) and ``trace`` (where each timer's time went in the workers)."""
     burst = burst or (50 if quick else 2_000)
     w = workers or 2
     lead_s = (4.0 if quick else 6.0) + burst * 0.004
@@ -629,7 +688,7 @@ def run(
             return {
                 "bench": "latency",
                 "burst": [
-                    _burst_mode(url, q, burst, w, lead_s, redis_url, knobs or {})
+                    _burst_mode(url, q, burst, w, lead_s, redis_url, knobs or {}, trace)
                     for q in burst_queues
                 ],
             }

@@ -161,6 +161,50 @@ POOL_WHAT_IF: dict[str, Any] = {
 WHAT_IF: dict[str, Any] = {**POOL_WHAT_IF}
 
 
+class TimerTrace:
+    """Where a timer's time goes inside a worker (``--trace-timers``): when each timer wake
+    arrived (this process's clock, which on one machine is the database's), and each call of
+    ``timers.fire`` -- its start and end, how many timers it was asked to fire and fired, and
+    by whom (``wake`` or ``sweep``). Installed by patching ``Worker.on_wake`` and
+    ``timers.fire``; the parent joins it with the timers' own ``due_at`` and ``fired_at``."""
+
+    def __init__(self) -> None:
+        self.received: dict[int, float] = {}  # timer_id -> first arrival of its wake
+        self.fired: dict[int, int] = {}  # timer_id -> the index of the call that fired it
+        self.calls: list[tuple[str, float, float, int, int]] = []
+
+    def install(self) -> None:
+        from onward import timers
+        from onward.worker import Worker
+
+        trace = self
+        on_wake, fire = Worker.on_wake, timers.fire
+
+        def traced_on_wake(self: Any, wake: Any) -> None:
+            timer_id = wake.payload.get("timer_id") if wake.topic == "timer" else None
+            if isinstance(timer_id, int):
+                trace.received.setdefault(timer_id, time.time())
+            on_wake(self, wake)
+
+        async def traced_fire(conn: Any, batch: Any, *, by: str, **kw: Any) -> Any:
+            t0 = time.time()
+            out = await fire(conn, batch, by=by, **kw)
+            trace.calls.append((by, t0, time.time(), len(batch), len(out)))
+            for f in out:
+                trace.fired[f["timer_id"]] = len(trace.calls) - 1
+            return out
+
+        Worker.on_wake = traced_on_wake  # type: ignore[method-assign]
+        timers.fire = traced_fire  # type: ignore[assignment]
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "received": self.received,
+            "fired": self.fired,
+            "calls": self.calls,
+        }
+
+
 def _knobs(pairs: list[str]) -> dict[str, Any]:
     """``--set NAME=VALUE`` (repeatable): a Settings field of the worker, typed as its default
     is, int or float (the batching knobs the latency bench tunes: ``relay_poll_seconds=0.05``)."""
@@ -199,6 +243,9 @@ async def _worker(a: argparse.Namespace) -> None:
     sql = SqlCounter() if a.count_sql else None
     if sql is not None:
         sql.install()
+    trace = TimerTrace() if a.trace_timers else None
+    if trace is not None:
+        trace.install()
     for what in a.what_if:
         if what not in POOL_WHAT_IF:
             WHAT_IF[what]()
@@ -250,6 +297,7 @@ async def _worker(a: argparse.Namespace) -> None:
         stats=worker.stats.__dict__,
         relayed=relayed,
         statements=statements,
+        timer_trace=trace.report() if trace is not None else None,
         cpu_s=round(cpu1 - cpu0, 3),
         wall_s=round(t1 - t0, 3),
         vm_hwm_kb=vm_kb(os.getpid(), "VmHWM"),
@@ -353,6 +401,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--sweeper", action=argparse.BooleanOptionalAction, default=True)
     w.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True)
     w.add_argument("--count-sql", action="store_true", help="count statements by name")
+    w.add_argument(
+        "--trace-timers", action="store_true", help="time timer wakes and fires (TimerTrace)"
+    )
     w.add_argument("--metrics", choices=("on", "off"), default="on", help="ONWARD_METRICS")
     w.add_argument("--metrics-port", type=int, help="serve /metrics on this port (0: any)")
     w.add_argument("--what-if", action="append", default=[], choices=sorted(WHAT_IF))

@@ -1628,8 +1628,13 @@ class _Chaos:
     def plan(self) -> None:
         points = [p for p in POINTS if p not in UNREACHABLE]
         unreachable = dict(UNREACHABLE)
-        if self.settings.queue == "none" and "timer.after_fire" in points:
-            unreachable["timer.after_fire"] = "queue none: no timer wakes (the sweep fires them)"
+        if self.settings.queue in ("none", "postgres") and "timer.after_fire" in points:
+            unreachable["timer.after_fire"] = (
+                "queue none: no timer wakes (the sweep fires them)"
+                if self.settings.queue == "none"
+                else "queue postgres: the relay fires each timer at its wake's instant, in its "
+                "own transaction (relay.after_publish)"
+            )
             points.remove("timer.after_fire")
         self.report.unreachable = unreachable
         self.worker_points = {p for p in points if self._role(p) == "worker"}
