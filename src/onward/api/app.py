@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -60,6 +61,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import StringConstraints, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -127,7 +129,7 @@ from onward.errors import (
     UnknownRun,
 )
 from onward.inputs import check_text, parse_json
-from onward.start import Start, Started, start_key_for, start_key_kind
+from onward.start import Start, Started, start_key_kind
 
 log = logging.getLogger("onward.api")
 T = TypeVar("T")
@@ -208,6 +210,11 @@ async def get_org(
     """The organisation a request acts for, by the route's row in ``onward.api.scopes``: the
     org of its API key (401 with no detail for a missing, wrong or revoked key; 403 for a key
     without the scope), or for a signed callback the org its path names."""
+    return await org_of(request, engine)
+
+
+async def org_of(request: Request, engine: Engine) -> Org:
+    """``get_org`` called directly (the webhook routes: no dependency to solve)."""
     need = scopes.needed(request)
     if need in (scopes.SIGNED, scopes.PUBLIC):
         org_id = request.path_params.get("org_id") or engine.org_id
@@ -345,14 +352,13 @@ def _checked_event_id(value: str, where: str) -> str:
     return check_text(value, where)
 
 
-def _answer(started: Started, automation_id: str, payload: Any, **how: Any) -> StartAnswer:
-    _, kind = start_key_for(automation_id, payload, how.get("event_id"), how.get("key"))
+def _answer(started: Started, **how: Any) -> StartAnswer:
     return StartAnswer(
         run_id=started.run_id,
         created=started.created,
         duplicate=not started.created,
         start_key=started.start_key,
-        start_key_kind=kind,
+        start_key_kind=start_key_kind(how.get("event_id"), how.get("key")),
     )
 
 
@@ -524,26 +530,6 @@ NoNulPath = Annotated[str, Path(pattern=NO_NUL, max_length=256)]
 AutomationIdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 ConnectionIdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 OrgIdPath = Annotated[str, Path(pattern=NO_NUL, min_length=1, max_length=256)]
-EventIdHeader = Annotated[
-    str | None,
-    Header(
-        alias="X-Event-Id",
-        pattern=NO_NUL,
-        max_length=MAX_EVENT_ID,
-        description="the provider's event id: the start key",
-    ),
-]
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        pattern=NO_NUL,
-        max_length=MAX_EVENT_ID,
-        description="the same, by the usual HTTP name (X-Event-Id wins)",
-    ),
-]
-
-
 TraceparentHeader = Annotated[
     str | None,
     Header(
@@ -552,34 +538,129 @@ TraceparentHeader = Annotated[
         "a malformed value is ignored",
     ),
 ]
-WebhookIdHeader = Annotated[
-    str | None,
-    Header(
-        alias="webhook-id",
-        pattern=NO_NUL,
-        max_length=MAX_EVENT_ID,
-        description="Standard Webhooks: the message id, the start key (first of all; verified "
-        "when the endpoint requires a signature)",
+
+
+@dataclass(frozen=True)
+class HookHeader:
+    """A header the webhook routes read: at most ``longest`` characters (None: any), no NUL
+    unless ``nul_ok``. What its OpenAPI parameter and a refusal say."""
+
+    name: str
+    description: str
+    longest: int | None = MAX_EVENT_ID
+    nul_ok: bool = False
+
+    def parameter(self) -> dict[str, Any]:
+        text: dict[str, Any] = {"type": "string"}
+        if self.longest is not None:
+            text["maxLength"] = self.longest
+        if not self.nul_ok:
+            text["pattern"] = NO_NUL
+        schema = {
+            "anyOf": [text, {"type": "null"}],
+            "description": self.description,
+            "title": self.name if self.name[0].isupper() else self.name.title(),
+        }
+        return {
+            "name": self.name,
+            "in": "header",
+            "required": False,
+            "schema": schema,
+            "description": self.description,
+        }
+
+    def problem(self, value: str) -> dict[str, Any] | None:
+        """The validation error (as FastAPI's own) of a value this header does not take."""
+        if (self.longest is None or len(value) <= self.longest) and (
+            self.nul_ok or "\x00" not in value
+        ):
+            return None
+        adapter = _hook_header_adapters.get(self.name)
+        if adapter is None:
+            constraints = StringConstraints(
+                max_length=self.longest, pattern=None if self.nul_ok else NO_NUL
+            )
+            adapter = TypeAdapter(Annotated[str, constraints])
+            _hook_header_adapters[self.name] = adapter
+        try:
+            adapter.validate_python(value)
+        except ValidationError as exc:
+            err = dict(exc.errors()[0])
+            err["loc"] = ("header", self.name)
+            return err
+        return None  # pragma: no cover - the quick check and the adapter agree
+
+
+_hook_header_adapters: dict[str, TypeAdapter[str]] = {}
+
+#: the headers of ``POST /v1/hooks/{automation_id}`` and its signed twin, in the order their
+#: parameters are documented; the first three are the start key's sources, in precedence order
+#: (read by hook_headers)
+HOOK_HEADERS = (
+    HookHeader("X-Event-Id", "the provider's event id: the start key"),
+    HookHeader("Idempotency-Key", "the same, by the usual HTTP name (X-Event-Id wins)"),
+    HookHeader(
+        "webhook-id",
+        "Standard Webhooks: the message id, the start key (first of all; verified when the "
+        "endpoint requires a signature)",
     ),
-]
-WebhookTimestampHeader = Annotated[
-    str | None,
-    Header(
-        alias="webhook-timestamp",
-        pattern=NO_NUL,
-        max_length=MAX_EVENT_ID,
-        description="Standard Webhooks: seconds since the epoch (signed endpoints)",
+    HookHeader(
+        "webhook-timestamp", "Standard Webhooks: seconds since the epoch (signed endpoints)"
     ),
-]
-WebhookSignatureHeader = Annotated[
-    str | None,
-    Header(
-        alias="webhook-signature",
-        pattern=NO_NUL,
-        max_length=4096,
-        description="Standard Webhooks: `v1,<base64>` signatures, space-separated",
+    HookHeader(
+        "webhook-signature",
+        "Standard Webhooks: `v1,<base64>` signatures, space-separated",
+        longest=4096,
     ),
-]
+    HookHeader(
+        "traceparent",
+        "W3C trace context: the run's steps continue this trace (onward.tracing); a malformed "
+        "value is ignored",
+        longest=None,
+        nul_ok=True,
+    ),
+)
+_KEY_HEADERS = ("webhook-id", "X-Event-Id", "Idempotency-Key")  # the start key's, in order
+
+
+def hook_headers(headers: Mapping[str, str]) -> tuple[dict[str, str | None], str | None]:
+    """The start-key headers of a webhook request (``event_id_of`` takes them in this order)
+    and its ``traceparent``; 422 ``invalid_request`` naming each header that is too long or
+    holds NUL, as a declared header parameter would answer."""
+    problems = []
+    for header in HOOK_HEADERS:
+        value = headers.get(header.name)
+        if value is not None and (problem := header.problem(value)) is not None:
+            problems.append(problem)
+    if problems:
+        raise RequestValidationError(problems)
+    return {name: headers.get(name) for name in _KEY_HEADERS}, headers.get("traceparent")
+
+
+def _hook_openapi(body: dict[str, Any], *, signed: bool) -> dict[str, Any]:
+    """A webhook route's OpenAPI additions: its body, its headers (read by hook_headers, not
+    declared) and, unless it is signed instead, the API key it needs."""
+    extra: dict[str, Any] = {**body, "parameters": [h.parameter() for h in HOOK_HEADERS]}
+    if not signed:
+        extra["security"] = [{"HTTPBearer": []}]
+    return extra
+
+
+def start_answer(started: Started, kind: str) -> Response:
+    """A start's answer (``StartAnswer``), 202 for a new run, 200 for a duplicate, serialised
+    here (the webhook's hot path: no response model to validate)."""
+    body = {
+        "run_id": started.run_id,
+        "created": started.created,
+        "duplicate": not started.created,
+        "start_key": started.start_key,
+        "start_key_kind": kind,
+    }
+    return Response(
+        json.dumps(body, separators=(",", ":")).encode(),
+        status_code=202 if started.created else 200,
+        media_type="application/json",
+    )
 
 
 def _request_body(content: dict[str, Any], *, required: bool) -> dict[str, Any]:
@@ -689,38 +770,34 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
     )
 
     async def take_hook(
-        org: Org,
-        automation_id: str,
-        request: Request,
-        response: Response,
-        ids: dict[str, str | None],
-        *,
-        signed: bool,
-        traceparent: str | None,
-    ) -> StartAnswer:
+        org: Org, automation_id: str, request: Request, *, signed: bool
+    ) -> Response:
         settings = org.engine.settings
         pool, org_id = org.engine.pool, org.org_id
+        headers = request.headers
+        ids, traceparent = hook_headers(headers)
         raw = await request.body()
 
         async def verify() -> None:
             await org.read(
                 lambda: intake_ops.verify(
-                    pool, org_id, automation_id, request.headers, raw, required=signed
+                    pool, org_id, automation_id, headers, raw, required=signed
                 )
             )
 
         if signed:  # an unsigned caller must not spend the organisation's intake limit
             await verify()
-        # repeated once after a lost connection (a restart): counting a request twice in its
-        # window only brings its limit a request nearer
-        await org.read(
-            lambda: intake_ops.admit(
-                pool,
-                org_id,
-                limit=settings.intake_limit,
-                window_s=settings.intake_window_seconds,
+        if settings.intake_limit > 0:
+            # repeated once after a lost connection (a restart): counting a request twice in
+            # its window only brings its limit a request nearer
+            await org.read(
+                lambda: intake_ops.admit(
+                    pool,
+                    org_id,
+                    limit=settings.intake_limit,
+                    window_s=settings.intake_window_seconds,
+                )
             )
-        )
         if not signed:
             await verify()
         payload = parse_json(raw, "body") if raw.strip() else {}
@@ -730,30 +807,21 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         started = await org.start(
             automation_id, payload, event_id=event_id, traceparent=traceparent
         )
-        if not started.created:
-            response.status_code = 200
-        return _answer(started, automation_id, payload, event_id=event_id)
+        return start_answer(started, "event" if event_id else "payload_hash")
 
+    # The two webhook routes read their headers from the request themselves (hook_headers) and
+    # answer a Response built here: no declared header parameters, no dependency, no response
+    # model for FastAPI to solve and serialise on every delivery -- the hot path of intake.
+    # Their OpenAPI entries say the same as declared parameters would (HOOK_HEADERS).
     @app.post(
         "/v1/hooks/{automation_id}",
         response_model=StartAnswer,
         status_code=202,
         tags=["runs"],
         responses=hook_responses,
-        openapi_extra=hook_body,
+        openapi_extra=_hook_openapi(hook_body, signed=False),
     )
-    async def webhook(
-        automation_id: AutomationIdPath,
-        request: Request,
-        org: OrgDep,
-        response: Response,
-        x_event_id: EventIdHeader = None,
-        idempotency_key: IdempotencyKeyHeader = None,
-        webhook_id: WebhookIdHeader = None,
-        webhook_timestamp: WebhookTimestampHeader = None,
-        webhook_signature: WebhookSignatureHeader = None,
-        traceparent: TraceparentHeader = None,
-    ) -> Any:
+    async def webhook(automation_id: AutomationIdPath, request: Request) -> Any:
         """Start a run from a webhook delivery, with an API key (``runs:write``); the JSON
         body is the run's input. For a provider that signs instead, see
         ``/v1/orgs/{org_id}/hooks/{automation_id}``.
@@ -765,14 +833,8 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         ``Idempotency-Key``, else the body's ``event_id`` field, else a hash of the body
         (weaker: identical payloads collapse). 202 for a new run, 200 with ``duplicate: true``
         and the same run id for a repeat."""
-        ids = {
-            "webhook-id": webhook_id,
-            "X-Event-Id": x_event_id,
-            "Idempotency-Key": idempotency_key,
-        }
-        return await take_hook(
-            org, automation_id, request, response, ids, signed=False, traceparent=traceparent
-        )
+        org = await org_of(request, request.app.state.engine)
+        return await take_hook(org, automation_id, request, signed=False)
 
     @app.post(
         "/v1/orgs/{org_id}/hooks/{automation_id}",
@@ -780,20 +842,10 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         status_code=202,
         tags=["runs"],
         responses=hook_responses,
-        openapi_extra=hook_body,
+        openapi_extra=_hook_openapi(hook_body, signed=True),
     )
     async def signed_webhook(
-        org_id: OrgIdPath,
-        automation_id: AutomationIdPath,
-        request: Request,
-        org: CallbackOrgDep,
-        response: Response,
-        x_event_id: EventIdHeader = None,
-        idempotency_key: IdempotencyKeyHeader = None,
-        webhook_id: WebhookIdHeader = None,
-        webhook_timestamp: WebhookTimestampHeader = None,
-        webhook_signature: WebhookSignatureHeader = None,
-        traceparent: TraceparentHeader = None,
+        org_id: OrgIdPath, automation_id: AutomationIdPath, request: Request
     ) -> Any:
         """A provider's webhook to the organisation ``org_id``: no API key, the Standard
         Webhooks signature instead -- the endpoint must have secrets
@@ -801,14 +853,8 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         one of them (401 with no detail otherwise, before anything is counted or stored).
         Otherwise as ``/v1/hooks/{automation_id}``; the verified ``webhook-id`` is the start
         key."""
-        ids = {
-            "webhook-id": webhook_id,
-            "X-Event-Id": x_event_id,
-            "Idempotency-Key": idempotency_key,
-        }
-        return await take_hook(
-            org, automation_id, request, response, ids, signed=True, traceparent=traceparent
-        )
+        org = await get_callback_org(request, request.app.state.engine)
+        return await take_hook(org, automation_id, request, signed=True)
 
     @app.post(
         "/v1/runs",
@@ -838,9 +884,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         )
         if not started.created:
             response.status_code = 200
-        return _answer(
-            started, body.automation_id, body.input, event_id=body.event_id, key=body.key
-        )
+        return _answer(started, event_id=body.event_id, key=body.key)
 
     @app.post(
         "/v1/runs:batch",
