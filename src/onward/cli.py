@@ -1048,8 +1048,9 @@ def api(
 ) -> None:
     """The HTTP API only (webhooks, publish, runs), until SIGINT/SIGTERM.
 
-    With ``--workers N`` the port is bound once and N processes serve it (a Python process
-    uses one core: N up to the cores the API may have).
+    With ``--workers N`` N processes serve the port, each listening on it (SO_REUSEPORT: the
+    kernel spreads connections among them). A Python process uses one core: N up to the cores
+    the API may have.
 
     \b
     Example:
