@@ -48,10 +48,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -541,21 +543,34 @@ TraceparentHeader = Annotated[
 
 
 @dataclass(frozen=True)
-class HookHeader:
-    """A header the webhook routes read: at most ``longest`` characters (None: any), no NUL
-    unless ``nul_ok``. What its OpenAPI parameter and a refusal say."""
+class Declared:
+    """A parameter the webhook routes read themselves (``hook_params``) rather than declare:
+    text of ``shortest`` to ``longest`` characters matching ``pattern`` (None: any). What its
+    OpenAPI entry and a refusal say are what FastAPI's own would for the declared parameter."""
 
     name: str
-    description: str
+    where: str  # "path" (required) or "header" (optional)
+    description: str | None = None
     longest: int | None = MAX_EVENT_ID
-    nul_ok: bool = False
+    shortest: int | None = None
+    pattern: str | None = NO_NUL
 
     def parameter(self) -> dict[str, Any]:
         text: dict[str, Any] = {"type": "string"}
         if self.longest is not None:
             text["maxLength"] = self.longest
-        if not self.nul_ok:
-            text["pattern"] = NO_NUL
+        if self.shortest is not None:
+            text["minLength"] = self.shortest
+        if self.pattern is not None:
+            text["pattern"] = self.pattern
+        if self.where == "path":
+            title = self.name.replace("_", " ").title()
+            return {
+                "name": self.name,
+                "in": "path",
+                "required": True,
+                "schema": {**text, "title": title},
+            }
         schema = {
             "anyOf": [text, {"type": "null"}],
             "description": self.description,
@@ -570,77 +585,114 @@ class HookHeader:
         }
 
     def problem(self, value: str) -> dict[str, Any] | None:
-        """The validation error (as FastAPI's own) of a value this header does not take."""
-        if (self.longest is None or len(value) <= self.longest) and (
-            self.nul_ok or "\x00" not in value
+        """The validation error (as FastAPI's own) of a value this parameter does not take."""
+        if (
+            (self.longest is None or len(value) <= self.longest)
+            and (self.shortest is None or len(value) >= self.shortest)
+            and (self.pattern is None or _pattern(self.pattern).match(value) is not None)
         ):
             return None
-        adapter = _hook_header_adapters.get(self.name)
+        adapter = _declared_adapters.get(self)
         if adapter is None:
             constraints = StringConstraints(
-                max_length=self.longest, pattern=None if self.nul_ok else NO_NUL
+                min_length=self.shortest, max_length=self.longest, pattern=self.pattern
             )
             adapter = TypeAdapter(Annotated[str, constraints])
-            _hook_header_adapters[self.name] = adapter
+            _declared_adapters[self] = adapter
         try:
             adapter.validate_python(value)
         except ValidationError as exc:
             err = dict(exc.errors()[0])
-            err["loc"] = ("header", self.name)
+            err["loc"] = (self.where, self.name)
             return err
         return None  # pragma: no cover - the quick check and the adapter agree
 
 
-_hook_header_adapters: dict[str, TypeAdapter[str]] = {}
+_declared_adapters: dict[Declared, TypeAdapter[str]] = {}
+
+
+@functools.cache
+def _pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
 
 #: the headers of ``POST /v1/hooks/{automation_id}`` and its signed twin, in the order their
-#: parameters are documented; the first three are the start key's sources, in precedence order
-#: (read by hook_headers)
+#: parameters are documented (read by hook_params)
 HOOK_HEADERS = (
-    HookHeader("X-Event-Id", "the provider's event id: the start key"),
-    HookHeader("Idempotency-Key", "the same, by the usual HTTP name (X-Event-Id wins)"),
-    HookHeader(
+    Declared("X-Event-Id", "header", "the provider's event id: the start key"),
+    Declared("Idempotency-Key", "header", "the same, by the usual HTTP name (X-Event-Id wins)"),
+    Declared(
         "webhook-id",
+        "header",
         "Standard Webhooks: the message id, the start key (first of all; verified when the "
         "endpoint requires a signature)",
     ),
-    HookHeader(
-        "webhook-timestamp", "Standard Webhooks: seconds since the epoch (signed endpoints)"
+    Declared(
+        "webhook-timestamp",
+        "header",
+        "Standard Webhooks: seconds since the epoch (signed endpoints)",
     ),
-    HookHeader(
+    Declared(
         "webhook-signature",
+        "header",
         "Standard Webhooks: `v1,<base64>` signatures, space-separated",
         longest=4096,
     ),
-    HookHeader(
+    Declared(
         "traceparent",
+        "header",
         "W3C trace context: the run's steps continue this trace (onward.tracing); a malformed "
         "value is ignored",
         longest=None,
-        nul_ok=True,
+        pattern=None,
     ),
 )
+AUTOMATION_PATH = Declared("automation_id", "path", longest=None, pattern=ID_PATTERN)
+ORG_PATH = Declared("org_id", "path", shortest=1)
 _KEY_HEADERS = ("webhook-id", "X-Event-Id", "Idempotency-Key")  # the start key's, in order
 
 
-def hook_headers(headers: Mapping[str, str]) -> tuple[dict[str, str | None], str | None]:
-    """The start-key headers of a webhook request (``event_id_of`` takes them in this order)
-    and its ``traceparent``; 422 ``invalid_request`` naming each header that is too long or
-    holds NUL, as a declared header parameter would answer."""
+@dataclass(frozen=True)
+class HookRequest:
+    """What a webhook route reads of its request, checked (``hook_params``)."""
+
+    automation_id: str
+    ids: dict[str, str | None]  # the start key's headers, in the order event_id_of takes them
+    traceparent: str | None
+
+
+def hook_params(request: Request) -> HookRequest:
+    """The automation id (path), start-key headers and ``traceparent`` of a webhook request;
+    422 ``invalid_request`` naming every path parameter and header it does not take (too long,
+    NUL, not an id), as declared parameters would answer -- after the caller's organisation is
+    known, as a declared parameter is checked after the route's dependencies."""
+    path, headers = request.path_params, request.headers
     problems = []
+    for param in (ORG_PATH, AUTOMATION_PATH):
+        value = path.get(param.name)
+        if value is not None and (problem := param.problem(value)) is not None:
+            problems.append(problem)
     for header in HOOK_HEADERS:
         value = headers.get(header.name)
         if value is not None and (problem := header.problem(value)) is not None:
             problems.append(problem)
     if problems:
         raise RequestValidationError(problems)
-    return {name: headers.get(name) for name in _KEY_HEADERS}, headers.get("traceparent")
+    return HookRequest(
+        path["automation_id"],
+        {name: headers.get(name) for name in _KEY_HEADERS},
+        headers.get("traceparent"),
+    )
 
 
 def _hook_openapi(body: dict[str, Any], *, signed: bool) -> dict[str, Any]:
-    """A webhook route's OpenAPI additions: its body, its headers (read by hook_headers, not
-    declared) and, unless it is signed instead, the API key it needs."""
-    extra: dict[str, Any] = {**body, "parameters": [h.parameter() for h in HOOK_HEADERS]}
+    """A webhook route's OpenAPI additions: its body, its path parameters and headers (read by
+    hook_params, not declared) and, unless it is signed instead, the API key it needs."""
+    path = [ORG_PATH, AUTOMATION_PATH] if signed else [AUTOMATION_PATH]
+    extra: dict[str, Any] = {
+        **body,
+        "parameters": [p.parameter() for p in (*path, *HOOK_HEADERS)],
+    }
     if not signed:
         extra["security"] = [{"HTTPBearer": []}]
     return extra
@@ -769,13 +821,12 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         required=False,
     )
 
-    async def take_hook(
-        org: Org, automation_id: str, request: Request, *, signed: bool
-    ) -> Response:
+    async def take_hook(org: Org, request: Request, *, signed: bool) -> Response:
         settings = org.engine.settings
         pool, org_id = org.engine.pool, org.org_id
         headers = request.headers
-        ids, traceparent = hook_headers(headers)
+        hook = hook_params(request)
+        automation_id = hook.automation_id
         raw = await request.body()
 
         async def verify() -> None:
@@ -803,16 +854,16 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         payload = parse_json(raw, "body") if raw.strip() else {}
         if not isinstance(payload, dict):
             raise InvalidInput("body: must be a JSON object (the run's input)")
-        event_id = event_id_of(ids, payload)
+        event_id = event_id_of(hook.ids, payload)
         started = await org.start(
-            automation_id, payload, event_id=event_id, traceparent=traceparent
+            automation_id, payload, event_id=event_id, traceparent=hook.traceparent
         )
         return start_answer(started, "event" if event_id else "payload_hash")
 
-    # The two webhook routes read their headers from the request themselves (hook_headers) and
-    # answer a Response built here: no declared header parameters, no dependency, no response
-    # model for FastAPI to solve and serialise on every delivery -- the hot path of intake.
-    # Their OpenAPI entries say the same as declared parameters would (HOOK_HEADERS).
+    # The two webhook routes read their path and headers from the request themselves
+    # (hook_params) and answer a Response built here: no declared parameter, no dependency, no
+    # response model for FastAPI to solve and serialise on every delivery -- the hot path of
+    # intake. Their OpenAPI entries say what declared parameters would (_hook_openapi).
     @app.post(
         "/v1/hooks/{automation_id}",
         response_model=StartAnswer,
@@ -821,7 +872,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         responses=hook_responses,
         openapi_extra=_hook_openapi(hook_body, signed=False),
     )
-    async def webhook(automation_id: AutomationIdPath, request: Request) -> Any:
+    async def webhook(request: Request) -> Any:
         """Start a run from a webhook delivery, with an API key (``runs:write``); the JSON
         body is the run's input. For a provider that signs instead, see
         ``/v1/orgs/{org_id}/hooks/{automation_id}``.
@@ -834,7 +885,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         (weaker: identical payloads collapse). 202 for a new run, 200 with ``duplicate: true``
         and the same run id for a repeat."""
         org = await org_of(request, request.app.state.engine)
-        return await take_hook(org, automation_id, request, signed=False)
+        return await take_hook(org, request, signed=False)
 
     @app.post(
         "/v1/orgs/{org_id}/hooks/{automation_id}",
@@ -844,9 +895,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         responses=hook_responses,
         openapi_extra=_hook_openapi(hook_body, signed=True),
     )
-    async def signed_webhook(
-        org_id: OrgIdPath, automation_id: AutomationIdPath, request: Request
-    ) -> Any:
+    async def signed_webhook(request: Request) -> Any:
         """A provider's webhook to the organisation ``org_id``: no API key, the Standard
         Webhooks signature instead -- the endpoint must have secrets
         (``/v1/automations/{automation_id}/hook-secrets``) and the request must be signed by
@@ -854,7 +903,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         Otherwise as ``/v1/hooks/{automation_id}``; the verified ``webhook-id`` is the start
         key."""
         org = await get_callback_org(request, request.app.state.engine)
-        return await take_hook(org, automation_id, request, signed=True)
+        return await take_hook(org, request, signed=True)
 
     @app.post(
         "/v1/runs",
