@@ -179,19 +179,18 @@ async def authenticate(pool: Pool, token: str | None) -> Principal | None:
     if m is None:
         return None
     key_id, digest = m.group(1), _hash(m.group(0))
-    known = _verified.get(digest)
-    if known is not None:
-        return known
-    async with pool.connection() as conn:
-        row = await (await conn.execute(Q.lookup, {"key_id": key_id})).fetchone()
-        if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), digest):
-            return None
-        if row["revoked_at"] is not None:
-            return None
-        now = time.monotonic()
-        if now - _touched.get(key_id, -TOUCH_EVERY_S) >= TOUCH_EVERY_S:
-            _touched[key_id] = now
-            await conn.execute(Q.touch, {"org_id": row["org_id"], "key_id": key_id})
-    principal = Principal(row["org_id"], key_id, frozenset(row["scopes"]))
-    _verified.put(digest, principal)
-    return principal
+
+    async def look_up() -> Principal | None:
+        async with pool.connection() as conn:
+            row = await (await conn.execute(Q.lookup, {"key_id": key_id})).fetchone()
+            if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), digest):
+                return None
+            if row["revoked_at"] is not None:
+                return None
+            now = time.monotonic()
+            if now - _touched.get(key_id, -TOUCH_EVERY_S) >= TOUCH_EVERY_S:
+                _touched[key_id] = now
+                await conn.execute(Q.touch, {"org_id": row["org_id"], "key_id": key_id})
+        return Principal(row["org_id"], key_id, frozenset(row["scopes"]))
+
+    return await _verified.fetch(digest, look_up)  # one lookup at a time per key

@@ -10,8 +10,9 @@ required there after it. Bounded: past ``size`` entries it starts again empty.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -24,6 +25,8 @@ class Recent(Generic[K, V]):
     def __init__(self, seconds: float = DEFAULT_SECONDS, size: int = 10_000) -> None:
         self.seconds, self.size = seconds, size
         self._items: dict[K, tuple[float, V]] = {}
+        self._loading: dict[K, asyncio.Future[V | None]] = {}  # fetch: the load under way
+        self._forgotten = 0  # how many forget() calls: a load begun before one is not kept
 
     def get(self, key: K) -> V | None:
         item = self._items.get(key)
@@ -34,6 +37,38 @@ class Recent(Generic[K, V]):
             return None
         return item[1]
 
+    async def fetch(self, key: K, load: Callable[[], Awaitable[V | None]]) -> V | None:
+        """The trusted value for ``key``, else ``load()``'s (kept unless None) -- one load at a
+        time per key in this process: a request that misses while another's load of the same
+        key is under way waits for that answer instead of asking the database too (when an
+        entry lapses under load, every request in flight would otherwise miss at once). If
+        that load fails, the waiting request loads for itself."""
+        known = self.get(key)
+        if known is not None:
+            return known
+        loop = asyncio.get_running_loop()
+        pending = self._loading.get(key)
+        if pending is not None and pending.get_loop() is loop:
+            await asyncio.wait([pending])
+            if not pending.cancelled():
+                return pending.result()
+            return await load()
+        mine: asyncio.Future[V | None] = loop.create_future()
+        self._loading[key] = mine
+        forgotten = self._forgotten
+        try:
+            value = await load()
+        except BaseException:
+            mine.cancel()
+            raise
+        finally:
+            if self._loading.get(key) is mine:
+                del self._loading[key]
+        if value is not None and forgotten == self._forgotten:
+            self.put(key, value)
+        mine.set_result(value)
+        return value
+
     def put(self, key: K, value: V) -> None:
         if self.seconds <= 0:
             return
@@ -42,7 +77,10 @@ class Recent(Generic[K, V]):
         self._items[key] = (time.monotonic() + self.seconds, value)
 
     def forget(self, match: Callable[[K, V], bool]) -> None:
-        """Drop every entry ``match`` says (this process changed what it held)."""
+        """Drop every entry ``match`` says (this process changed what it held), and let no
+        load under way keep what it read before the change."""
+        self._forgotten += 1
+        self._loading.clear()
         for key in [k for k, (_, v) in self._items.items() if match(k, v)]:
             self._items.pop(key, None)
 

@@ -72,7 +72,7 @@ SELECT count(*) AS requested FROM run;
 
 -- name: batch_runs
 -- The next page of unfinished runs an operation names, by run id (its cursor). Served by
--- runs_by_version when an automation is named, runs_unfinished otherwise.
+-- runs_by_version (the unfinished runs, status included: migration 0025), automation named or not.
 SELECT run_id FROM runs
 WHERE org_id = %(org_id)s AND finished_at IS NULL AND run_id > %(after)s
   AND (%(automation_id)s::text IS NULL OR automation_id = %(automation_id)s)

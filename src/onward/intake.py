@@ -97,12 +97,12 @@ _endpoint_secrets: Recent[tuple[str, str], list[str]] = cache.trusted()
 
 
 async def _secrets_of(pool: Pool, org_id: str, automation_id: str) -> list[str]:
-    known = _endpoint_secrets.get((org_id, automation_id))
-    if known is not None:
-        return known
-    async with pool.connection() as conn:
-        secrets = await _load_secrets(conn, org_id, automation_id)
-    _endpoint_secrets.put((org_id, automation_id), secrets)
+    async def load() -> list[str]:
+        async with pool.connection() as conn:
+            return await _load_secrets(conn, org_id, automation_id)
+
+    secrets = await _endpoint_secrets.fetch((org_id, automation_id), load)  # one load at a time
+    assert secrets is not None  # a list, empty for an endpoint without secrets
     return secrets
 
 

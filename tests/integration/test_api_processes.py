@@ -9,44 +9,30 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-from pathlib import Path
 
 import httpx
 
 from onward import Automation
 from onward.engine import Engine
-from onward.testing import Process, Processes, api_key, auth, eventually, run_onward
+from onward.testing import (
+    Process,
+    Processes,
+    api_key,
+    auth,
+    child_pids,
+    eventually,
+    free_port,
+    pid_alive,
+    run_onward,
+)
 
 FLOW = Automation("hello").step("greet", "set", values={"greeting": "'hi'"}).build()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 async def _serving(api: Process, url: str, workers: int) -> list[int]:
     async def up() -> list[int] | None:
         assert api.alive(), api.log_text()
-        kids = _children(api.pid)
+        kids = child_pids(api.pid)
         if len(kids) != workers:
             return None
         try:
@@ -65,7 +51,7 @@ async def test_two_api_processes_share_one_port_and_stop_together(
 ) -> None:
     await engine.publish(FLOW)
     key = await api_key(engine, "runs:write", "runs:read")
-    port = _port()
+    port = free_port()
     api = processes.onward(
         db_url, "--org", "test", "api", "--port", str(port), "--workers", "2", name="api"
     )
@@ -95,13 +81,13 @@ async def test_two_api_processes_share_one_port_and_stop_together(
     # SIGTERM to the supervisor: every API process stops gracefully, and so does it
     api.signal(signal.SIGTERM)
     assert await api.exited(timeout=30) == 0, api.log_text()
-    assert not any(_alive(k) for k in kids)
+    assert not any(pid_alive(k) for k in kids)
 
 
 async def test_a_dead_api_process_stops_the_others_and_an_orphan_stops_itself(
     db_url: str, processes: Processes
 ) -> None:
-    port = _port()
+    port = free_port()
     api = processes.onward(db_url, "api", "--port", str(port), "--workers", "2", name="api")
     kids = await _serving(api, f"http://127.0.0.1:{port}", 2)
     os.kill(kids[0], signal.SIGKILL)
@@ -109,12 +95,12 @@ async def test_a_dead_api_process_stops_the_others_and_an_orphan_stops_itself(
     assert "exited" in api.log_text()
 
     async def gone() -> bool:
-        return not any(_alive(k) for k in kids)
+        return not any(pid_alive(k) for k in kids)
 
     await eventually(gone, timeout=30, what="every API process gone")
 
     # the supervisor itself killed: its API processes notice and stop (no process is left)
-    port = _port()
+    port = free_port()
     api = processes.onward(db_url, "api", "--port", str(port), "--workers", "2", name="api2")
     kids = await _serving(api, f"http://127.0.0.1:{port}", 2)
     api.kill()
@@ -130,7 +116,7 @@ async def test_a_key_revoked_elsewhere_stops_opening_an_api_process_within_its_c
     key_id = next(r["key_id"] for r in rows if key.startswith(f"onw_{r['key_id']}_"))
     urls = {}
     for name, seconds in (("cached", "1"), ("uncached", "0")):
-        port = _port()
+        port = free_port()
         processes.onward(
             db_url,
             "--org",

@@ -48,8 +48,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
+import json
 import logging
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -60,6 +63,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import StringConstraints, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -127,7 +131,7 @@ from onward.errors import (
     UnknownRun,
 )
 from onward.inputs import check_text, parse_json
-from onward.start import Start, Started, start_key_for, start_key_kind
+from onward.start import Start, Started, start_key_kind
 
 log = logging.getLogger("onward.api")
 T = TypeVar("T")
@@ -208,6 +212,11 @@ async def get_org(
     """The organisation a request acts for, by the route's row in ``onward.api.scopes``: the
     org of its API key (401 with no detail for a missing, wrong or revoked key; 403 for a key
     without the scope), or for a signed callback the org its path names."""
+    return await org_of(request, engine)
+
+
+async def org_of(request: Request, engine: Engine) -> Org:
+    """``get_org`` called directly (the webhook routes: no dependency to solve)."""
     need = scopes.needed(request)
     if need in (scopes.SIGNED, scopes.PUBLIC):
         org_id = request.path_params.get("org_id") or engine.org_id
@@ -345,14 +354,13 @@ def _checked_event_id(value: str, where: str) -> str:
     return check_text(value, where)
 
 
-def _answer(started: Started, automation_id: str, payload: Any, **how: Any) -> StartAnswer:
-    _, kind = start_key_for(automation_id, payload, how.get("event_id"), how.get("key"))
+def _answer(started: Started, **how: Any) -> StartAnswer:
     return StartAnswer(
         run_id=started.run_id,
         created=started.created,
         duplicate=not started.created,
         start_key=started.start_key,
-        start_key_kind=kind,
+        start_key_kind=start_key_kind(how.get("event_id"), how.get("key")),
     )
 
 
@@ -524,26 +532,6 @@ NoNulPath = Annotated[str, Path(pattern=NO_NUL, max_length=256)]
 AutomationIdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 ConnectionIdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 OrgIdPath = Annotated[str, Path(pattern=NO_NUL, min_length=1, max_length=256)]
-EventIdHeader = Annotated[
-    str | None,
-    Header(
-        alias="X-Event-Id",
-        pattern=NO_NUL,
-        max_length=MAX_EVENT_ID,
-        description="the provider's event id: the start key",
-    ),
-]
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        pattern=NO_NUL,
-        max_length=MAX_EVENT_ID,
-        description="the same, by the usual HTTP name (X-Event-Id wins)",
-    ),
-]
-
-
 TraceparentHeader = Annotated[
     str | None,
     Header(
@@ -552,34 +540,179 @@ TraceparentHeader = Annotated[
         "a malformed value is ignored",
     ),
 ]
-WebhookIdHeader = Annotated[
-    str | None,
-    Header(
-        alias="webhook-id",
-        pattern=NO_NUL,
-        max_length=MAX_EVENT_ID,
-        description="Standard Webhooks: the message id, the start key (first of all; verified "
-        "when the endpoint requires a signature)",
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A parameter the webhook routes read themselves (``hook_params``) rather than declare:
+    text of ``shortest`` to ``longest`` characters matching ``pattern`` (None: any). What its
+    OpenAPI entry and a refusal say are what FastAPI's own would for the declared parameter."""
+
+    name: str
+    where: str  # "path" (required) or "header" (optional)
+    description: str | None = None
+    longest: int | None = MAX_EVENT_ID
+    shortest: int | None = None
+    pattern: str | None = NO_NUL
+
+    def parameter(self) -> dict[str, Any]:
+        text: dict[str, Any] = {"type": "string"}
+        if self.longest is not None:
+            text["maxLength"] = self.longest
+        if self.shortest is not None:
+            text["minLength"] = self.shortest
+        if self.pattern is not None:
+            text["pattern"] = self.pattern
+        if self.where == "path":
+            title = self.name.replace("_", " ").title()
+            return {
+                "name": self.name,
+                "in": "path",
+                "required": True,
+                "schema": {**text, "title": title},
+            }
+        schema = {
+            "anyOf": [text, {"type": "null"}],
+            "description": self.description,
+            "title": self.name if self.name[0].isupper() else self.name.title(),
+        }
+        return {
+            "name": self.name,
+            "in": "header",
+            "required": False,
+            "schema": schema,
+            "description": self.description,
+        }
+
+    def problem(self, value: str) -> dict[str, Any] | None:
+        """The validation error (as FastAPI's own) of a value this parameter does not take."""
+        if (
+            (self.longest is None or len(value) <= self.longest)
+            and (self.shortest is None or len(value) >= self.shortest)
+            and (self.pattern is None or _pattern(self.pattern).match(value) is not None)
+        ):
+            return None
+        adapter = _declared_adapters.get(self)
+        if adapter is None:
+            constraints = StringConstraints(
+                min_length=self.shortest, max_length=self.longest, pattern=self.pattern
+            )
+            adapter = TypeAdapter(Annotated[str, constraints])
+            _declared_adapters[self] = adapter
+        try:
+            adapter.validate_python(value)
+        except ValidationError as exc:
+            err = dict(exc.errors()[0])
+            err["loc"] = (self.where, self.name)
+            return err
+        return None  # pragma: no cover - the quick check and the adapter agree
+
+
+_declared_adapters: dict[Declared, TypeAdapter[str]] = {}
+
+
+@functools.cache
+def _pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+#: the headers of ``POST /v1/hooks/{automation_id}`` and its signed twin, in the order their
+#: parameters are documented (read by hook_params)
+HOOK_HEADERS = (
+    Declared("X-Event-Id", "header", "the provider's event id: the start key"),
+    Declared("Idempotency-Key", "header", "the same, by the usual HTTP name (X-Event-Id wins)"),
+    Declared(
+        "webhook-id",
+        "header",
+        "Standard Webhooks: the message id, the start key (first of all; verified when the "
+        "endpoint requires a signature)",
     ),
-]
-WebhookTimestampHeader = Annotated[
-    str | None,
-    Header(
-        alias="webhook-timestamp",
-        pattern=NO_NUL,
-        max_length=MAX_EVENT_ID,
-        description="Standard Webhooks: seconds since the epoch (signed endpoints)",
+    Declared(
+        "webhook-timestamp",
+        "header",
+        "Standard Webhooks: seconds since the epoch (signed endpoints)",
     ),
-]
-WebhookSignatureHeader = Annotated[
-    str | None,
-    Header(
-        alias="webhook-signature",
-        pattern=NO_NUL,
-        max_length=4096,
-        description="Standard Webhooks: `v1,<base64>` signatures, space-separated",
+    Declared(
+        "webhook-signature",
+        "header",
+        "Standard Webhooks: `v1,<base64>` signatures, space-separated",
+        longest=4096,
     ),
-]
+    Declared(
+        "traceparent",
+        "header",
+        "W3C trace context: the run's steps continue this trace (onward.tracing); a malformed "
+        "value is ignored",
+        longest=None,
+        pattern=None,
+    ),
+)
+AUTOMATION_PATH = Declared("automation_id", "path", longest=None, pattern=ID_PATTERN)
+ORG_PATH = Declared("org_id", "path", shortest=1)
+_KEY_HEADERS = ("webhook-id", "X-Event-Id", "Idempotency-Key")  # the start key's, in order
+
+
+@dataclass(frozen=True)
+class HookRequest:
+    """What a webhook route reads of its request, checked (``hook_params``)."""
+
+    automation_id: str
+    ids: dict[str, str | None]  # the start key's headers, in the order event_id_of takes them
+    traceparent: str | None
+
+
+def hook_params(request: Request) -> HookRequest:
+    """The automation id (path), start-key headers and ``traceparent`` of a webhook request;
+    422 ``invalid_request`` naming every path parameter and header it does not take (too long,
+    NUL, not an id), as declared parameters would answer -- after the caller's organisation is
+    known, as a declared parameter is checked after the route's dependencies."""
+    path, headers = request.path_params, request.headers
+    problems = []
+    for param in (ORG_PATH, AUTOMATION_PATH):
+        value = path.get(param.name)
+        if value is not None and (problem := param.problem(value)) is not None:
+            problems.append(problem)
+    for header in HOOK_HEADERS:
+        value = headers.get(header.name)
+        if value is not None and (problem := header.problem(value)) is not None:
+            problems.append(problem)
+    if problems:
+        raise RequestValidationError(problems)
+    return HookRequest(
+        path["automation_id"],
+        {name: headers.get(name) for name in _KEY_HEADERS},
+        headers.get("traceparent"),
+    )
+
+
+def _hook_openapi(body: dict[str, Any], *, signed: bool) -> dict[str, Any]:
+    """A webhook route's OpenAPI additions: its body, its path parameters and headers (read by
+    hook_params, not declared) and, unless it is signed instead, the API key it needs."""
+    path = [ORG_PATH, AUTOMATION_PATH] if signed else [AUTOMATION_PATH]
+    extra: dict[str, Any] = {
+        **body,
+        "parameters": [p.parameter() for p in (*path, *HOOK_HEADERS)],
+    }
+    if not signed:
+        extra["security"] = [{"HTTPBearer": []}]
+    return extra
+
+
+def start_answer(started: Started, kind: str) -> Response:
+    """A start's answer (``StartAnswer``), 202 for a new run, 200 for a duplicate, serialised
+    here (the webhook's hot path: no response model to validate)."""
+    body = {
+        "run_id": started.run_id,
+        "created": started.created,
+        "duplicate": not started.created,
+        "start_key": started.start_key,
+        "start_key_kind": kind,
+    }
+    return Response(
+        json.dumps(body, separators=(",", ":")).encode(),
+        status_code=202 if started.created else 200,
+        media_type="application/json",
+    )
 
 
 def _request_body(content: dict[str, Any], *, required: bool) -> dict[str, Any]:
@@ -688,72 +821,58 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         required=False,
     )
 
-    async def take_hook(
-        org: Org,
-        automation_id: str,
-        request: Request,
-        response: Response,
-        ids: dict[str, str | None],
-        *,
-        signed: bool,
-        traceparent: str | None,
-    ) -> StartAnswer:
+    async def take_hook(org: Org, request: Request, *, signed: bool) -> Response:
         settings = org.engine.settings
         pool, org_id = org.engine.pool, org.org_id
+        headers = request.headers
+        hook = hook_params(request)
+        automation_id = hook.automation_id
         raw = await request.body()
 
         async def verify() -> None:
             await org.read(
                 lambda: intake_ops.verify(
-                    pool, org_id, automation_id, request.headers, raw, required=signed
+                    pool, org_id, automation_id, headers, raw, required=signed
                 )
             )
 
         if signed:  # an unsigned caller must not spend the organisation's intake limit
             await verify()
-        # repeated once after a lost connection (a restart): counting a request twice in its
-        # window only brings its limit a request nearer
-        await org.read(
-            lambda: intake_ops.admit(
-                pool,
-                org_id,
-                limit=settings.intake_limit,
-                window_s=settings.intake_window_seconds,
+        if settings.intake_limit > 0:
+            # repeated once after a lost connection (a restart): counting a request twice in
+            # its window only brings its limit a request nearer
+            await org.read(
+                lambda: intake_ops.admit(
+                    pool,
+                    org_id,
+                    limit=settings.intake_limit,
+                    window_s=settings.intake_window_seconds,
+                )
             )
-        )
         if not signed:
             await verify()
         payload = parse_json(raw, "body") if raw.strip() else {}
         if not isinstance(payload, dict):
             raise InvalidInput("body: must be a JSON object (the run's input)")
-        event_id = event_id_of(ids, payload)
+        event_id = event_id_of(hook.ids, payload)
         started = await org.start(
-            automation_id, payload, event_id=event_id, traceparent=traceparent
+            automation_id, payload, event_id=event_id, traceparent=hook.traceparent
         )
-        if not started.created:
-            response.status_code = 200
-        return _answer(started, automation_id, payload, event_id=event_id)
+        return start_answer(started, "event" if event_id else "payload_hash")
 
+    # The two webhook routes read their path and headers from the request themselves
+    # (hook_params) and answer a Response built here: no declared parameter, no dependency, no
+    # response model for FastAPI to solve and serialise on every delivery -- the hot path of
+    # intake. Their OpenAPI entries say what declared parameters would (_hook_openapi).
     @app.post(
         "/v1/hooks/{automation_id}",
         response_model=StartAnswer,
         status_code=202,
         tags=["runs"],
         responses=hook_responses,
-        openapi_extra=hook_body,
+        openapi_extra=_hook_openapi(hook_body, signed=False),
     )
-    async def webhook(
-        automation_id: AutomationIdPath,
-        request: Request,
-        org: OrgDep,
-        response: Response,
-        x_event_id: EventIdHeader = None,
-        idempotency_key: IdempotencyKeyHeader = None,
-        webhook_id: WebhookIdHeader = None,
-        webhook_timestamp: WebhookTimestampHeader = None,
-        webhook_signature: WebhookSignatureHeader = None,
-        traceparent: TraceparentHeader = None,
-    ) -> Any:
+    async def webhook(request: Request) -> Any:
         """Start a run from a webhook delivery, with an API key (``runs:write``); the JSON
         body is the run's input. For a provider that signs instead, see
         ``/v1/orgs/{org_id}/hooks/{automation_id}``.
@@ -765,14 +884,8 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         ``Idempotency-Key``, else the body's ``event_id`` field, else a hash of the body
         (weaker: identical payloads collapse). 202 for a new run, 200 with ``duplicate: true``
         and the same run id for a repeat."""
-        ids = {
-            "webhook-id": webhook_id,
-            "X-Event-Id": x_event_id,
-            "Idempotency-Key": idempotency_key,
-        }
-        return await take_hook(
-            org, automation_id, request, response, ids, signed=False, traceparent=traceparent
-        )
+        org = await org_of(request, request.app.state.engine)
+        return await take_hook(org, request, signed=False)
 
     @app.post(
         "/v1/orgs/{org_id}/hooks/{automation_id}",
@@ -780,35 +893,17 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         status_code=202,
         tags=["runs"],
         responses=hook_responses,
-        openapi_extra=hook_body,
+        openapi_extra=_hook_openapi(hook_body, signed=True),
     )
-    async def signed_webhook(
-        org_id: OrgIdPath,
-        automation_id: AutomationIdPath,
-        request: Request,
-        org: CallbackOrgDep,
-        response: Response,
-        x_event_id: EventIdHeader = None,
-        idempotency_key: IdempotencyKeyHeader = None,
-        webhook_id: WebhookIdHeader = None,
-        webhook_timestamp: WebhookTimestampHeader = None,
-        webhook_signature: WebhookSignatureHeader = None,
-        traceparent: TraceparentHeader = None,
-    ) -> Any:
+    async def signed_webhook(request: Request) -> Any:
         """A provider's webhook to the organisation ``org_id``: no API key, the Standard
         Webhooks signature instead -- the endpoint must have secrets
         (``/v1/automations/{automation_id}/hook-secrets``) and the request must be signed by
         one of them (401 with no detail otherwise, before anything is counted or stored).
         Otherwise as ``/v1/hooks/{automation_id}``; the verified ``webhook-id`` is the start
         key."""
-        ids = {
-            "webhook-id": webhook_id,
-            "X-Event-Id": x_event_id,
-            "Idempotency-Key": idempotency_key,
-        }
-        return await take_hook(
-            org, automation_id, request, response, ids, signed=True, traceparent=traceparent
-        )
+        org = await get_callback_org(request, request.app.state.engine)
+        return await take_hook(org, request, signed=True)
 
     @app.post(
         "/v1/runs",
@@ -838,9 +933,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         )
         if not started.created:
             response.status_code = 200
-        return _answer(
-            started, body.automation_id, body.input, event_id=body.event_id, key=body.key
-        )
+        return _answer(started, event_id=body.event_id, key=body.key)
 
     @app.post(
         "/v1/runs:batch",

@@ -33,16 +33,23 @@ class _Server(uvicorn.Server):
         yield
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (``port=0``: a free port)."""
+def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``port=0``: a free port). ``reuse_port``:
+    with ``SO_REUSEPORT``, so that each process of ``onward api --workers N`` listens on a
+    socket of its own and the kernel spreads the connections among them (by a hash of each
+    connection's addresses); ``listen=False``: bound only (the supervisor's hold on the port,
+    which is handed no connection)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket says TCP, and without it every answer waits ~40 ms (Nagle + delayed ACK)
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
-        sock.listen(2048)
+        if listen:
+            sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -29,12 +29,10 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -54,6 +52,7 @@ from onward.bench.ceiling import (
 from onward.bench.db import scratch_database
 from onward.bench.throughput import AUTOMATION, FLOW
 from onward.config import Settings
+from onward.testing.processes import child_pids, cpu_seconds, free_port, peak_rss_mb
 
 ORG = "bench"
 CEILING_CLIENTS = 16
@@ -163,13 +162,13 @@ async def _paced_load(
 def _paced(
     url: str, port: int, key: str, api_pids: list[int], *, tag: str, rate: int, seconds: float
 ) -> dict[str, Any]:
-    cpu0, api0 = cpu_snapshot(), _cpu_s(api_pids)
+    cpu0, api0 = cpu_snapshot(), cpu_seconds(api_pids)
     me0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     lat, statuses = asyncio.run(_paced_load(port, key, tag, rate, seconds, conns=64))
     elapsed = time.perf_counter() - t0
     me1 = resource.getrusage(resource.RUSAGE_SELF)
-    api1, cpu1 = _cpu_s(api_pids), cpu_snapshot()
+    api1, cpu1 = cpu_seconds(api_pids), cpu_snapshot()
     n = len(lat)
     ids = (n + 1) // 2
     with psycopg.connect(url, autocommit=True) as conn:
@@ -204,45 +203,6 @@ def _paced(
 
 def find_wrk() -> str | None:
     return shutil.which("wrk")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
-def _cpu_s(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
-
-
-def _rss_mb(pids: list[int]) -> float:
-    peak = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peak = max(peak, int(line.split()[1]))
-        except OSError:
-            continue
-    return round(peak / 1024, 1)
 
 
 async def _prepare(url: str) -> str:
@@ -330,11 +290,11 @@ def _wrk(
         key,
         path,
     ]
-    cpu0, api0 = cpu_snapshot(), _cpu_s(api_pids)
+    cpu0, api0 = cpu_snapshot(), cpu_seconds(api_pids)
     wrk0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     wrk1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    api1, cpu1 = _cpu_s(api_pids), cpu_snapshot()
+    api1, cpu1 = cpu_seconds(api_pids), cpu_snapshot()
     os.unlink(script)
     line = next((x for x in done.stdout.splitlines() if x.startswith("{")), None)
     if done.returncode != 0 or line is None:
@@ -399,10 +359,10 @@ def run(
     res: dict[str, Any] = {"bench": "intake", "api_processes": w, "seconds": secs}
     with scratch_database(admin_url, "intake") as url:
         key = asyncio.run(_prepare(url))
-        port = _free_port()
+        port = free_port()
         api = _start_api(url, port, w)
         try:
-            pids = [api.pid, *_children(api.pid)]
+            pids = [api.pid, *child_pids(api.pid)]
             time.sleep(STATS_IDLE_S)  # the API's start-up statements counted before db0
             db0 = db_counters(url)
             res["open"] = _wrk(
@@ -410,7 +370,7 @@ def run(
                 threads=2,
             )  # fmt: skip
             res["paced"] = _paced(url, port, key, pids, tag="paced", rate=paced_rate, seconds=secs)
-            res["api_rss_mb"] = _rss_mb(pids)
+            res["api_rss_mb"] = peak_rss_mb(pids)
         finally:
             _stop(api)  # its backends exit and report every statistic they held
         settle_stats()

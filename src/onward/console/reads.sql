@@ -58,8 +58,8 @@ ORDER BY r.created_at, r.run_id
 LIMIT %(limit)s;
 
 -- name: unfinished_counts
--- How many runs are active, waiting and parked now (the partial index of unfinished runs:
--- its size is the work in progress, not the history).
+-- How many runs are active, waiting and parked now (runs_by_version, the partial index of
+-- unfinished runs with their status: its size is the work in progress, not the history).
 SELECT status, count(*) AS runs FROM runs
 WHERE org_id = %(org_id)s AND finished_at IS NULL
 GROUP BY status;

@@ -559,13 +559,12 @@ CREATE TABLE runs (
     CONSTRAINT runs_start_key_kind_check CHECK ((start_key_kind = ANY (ARRAY['event'::text, 'payload_hash'::text, 'caller'::text, 'fork'::text]))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['active'::text, 'waiting'::text, 'parked'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'exceeded'::text])))
 );
-CREATE INDEX runs_by_version ON public.runs USING btree (org_id, automation_id, version, run_id) WHERE (finished_at IS NULL);
+CREATE INDEX runs_by_version ON public.runs USING btree (org_id, automation_id, version, run_id) INCLUDE (status) WHERE (finished_at IS NULL);
 CREATE INDEX runs_contact ON public.runs USING btree (org_id, contact_id) WHERE (contact_id IS NOT NULL);
 CREATE INDEX runs_finished ON public.runs USING btree (org_id, finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX runs_page ON public.runs USING btree (org_id, created_at, run_id);
 CREATE INDEX runs_page_by_automation ON public.runs USING btree (org_id, automation_id, created_at, run_id);
 CREATE INDEX runs_page_by_status ON public.runs USING btree (org_id, status, created_at, run_id);
-CREATE INDEX runs_unfinished ON public.runs USING btree (org_id, status) WHERE (finished_at IS NULL);
 CREATE INDEX runs_waiting_deadline ON public.runs USING btree (org_id, deadline_at) WHERE (status = ANY (ARRAY['waiting'::text, 'parked'::text]));
 ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE runs FORCE ROW LEVEL SECURITY;

@@ -28,7 +28,9 @@ Processes (:mod:`onward.testing.processes`)
     ``onward`` command line in this interpreter; ``run_onward(url, *args, env=, cwd=)`` runs a
     short one to completion (its ``CompletedProcess``). ``run_python(code, *args,
     clock_offset=)`` runs a snippet in a fresh interpreter; ``loaded_modules(*imports)`` says
-    which ``onward`` modules a fresh interpreter loads for those imports.
+    which ``onward`` modules a fresh interpreter loads for those imports. What ``/proc`` says
+    (Linux; shared with ``onward bench intake``): ``free_port()``, ``child_pids(pid)``,
+    ``pid_alive(pid)``, ``cpu_seconds(pids)``, ``peak_rss_mb(pids)``.
 
 Worker processes (:mod:`onward.testing.worker`)
     ``python -m onward.testing.worker worker|starter``: a real onward process (worker, relay,
@@ -65,9 +67,14 @@ from onward.testing.keys import api_key, auth
 from onward.testing.processes import (
     Process,
     Processes,
+    child_pids,
+    cpu_seconds,
+    free_port,
     libfaketime,
     loaded_modules,
     onward_argv,
+    peak_rss_mb,
+    pid_alive,
     process_env,
     run_onward,
     run_python,
@@ -96,15 +103,20 @@ __all__ = [
     "assert_nothing_applied_twice",
     "attempts",
     "auth",
+    "child_pids",
+    "cpu_seconds",
     "double_transitions",
     "effect_row",
     "eventually",
     "eventually_sync",
+    "free_port",
     "history",
     "libfaketime",
     "loaded_modules",
     "lost_runs",
     "onward_argv",
+    "peak_rss_mb",
+    "pid_alive",
     "process_env",
     "run_effects",
     "run_onward",
