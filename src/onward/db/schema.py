@@ -1,7 +1,7 @@
 """The schema as the migrations leave it, in one canonical text (``db/schema.sql``).
 
 ``db/schema.sql`` is checked in: a reader sees every table, constraint, index and function in
-one place (row-level security and its policies too), and tests/contracts/test_schema.py fails when the migrations and that file disagree.
+one place (row-level security and its policies too), and the schema test fails when the migrations and that file disagree.
 The text is read from the catalog, not from ``pg_dump``, so it does not change with the
 client's version. Regenerate it after adding a migration::
 
@@ -40,7 +40,8 @@ _TRIGGERS = """
 SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal ORDER BY tgname
 """
 _SECURITY = """
-SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = %s
+SELECT relrowsecurity, relforcerowsecurity, array_to_string(reloptions, ', ') FROM pg_class
+WHERE oid = %s
 """
 _POLICIES = """
 SELECT policyname, array_to_string(roles, ', '), cmd, qual, with_check FROM pg_policies
@@ -74,6 +75,8 @@ def dump(url: str) -> str:
             out.extend(f"{row[0]};" for row in conn.execute(_INDEXES, (oid,)))
             out.extend(f"{row[0]};" for row in conn.execute(_TRIGGERS, (oid,)))
             security = conn.execute(_SECURITY, (oid,)).fetchone()
+            if security is not None and security[2]:  # storage options (fillfactor)
+                out.append(f"ALTER TABLE {table} SET ({security[2]});")
             if security is not None and security[0]:
                 out.append(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;")
             if security is not None and security[1]:

@@ -566,6 +566,7 @@ CREATE INDEX runs_page ON public.runs USING btree (org_id, created_at, run_id);
 CREATE INDEX runs_page_by_automation ON public.runs USING btree (org_id, automation_id, created_at, run_id);
 CREATE INDEX runs_page_by_status ON public.runs USING btree (org_id, status, created_at, run_id);
 CREATE INDEX runs_waiting_deadline ON public.runs USING btree (org_id, deadline_at) WHERE (status = ANY (ARRAY['waiting'::text, 'parked'::text]));
+ALTER TABLE runs SET (fillfactor=50);
 ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE runs FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON runs FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -667,6 +668,7 @@ CREATE INDEX steps_claimable ON public.steps USING btree (lane, available_at) WH
 CREATE INDEX steps_leased ON public.steps USING btree (lease_until) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX steps_one_unfinished ON public.steps USING btree (org_id, run_id) WHERE (status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text]));
 CREATE INDEX steps_parked ON public.steps USING btree (org_id, wait_kind) WHERE (status = 'parked'::text);
+ALTER TABLE steps SET (fillfactor=70);
 ALTER TABLE steps ENABLE ROW LEVEL SECURITY;
 ALTER TABLE steps FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON steps FOR ALL TO onward_engine USING (true) WITH CHECK (true);
