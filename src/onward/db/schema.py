@@ -1,7 +1,7 @@
 """The schema as the migrations leave it, in one canonical text (``db/schema.sql``).
 
 ``db/schema.sql`` is checked in: a reader sees every table, constraint, index and function in
-one place (row-level security and its policies too), and the schema test fails when the migrations and that file disagree.
+one place (row-level security and its policies too), and tests/contracts/test_code.py fails when the migrations and that file disagree.
 The text is read from the catalog, not from ``pg_dump``, so it does not change with the
 client's version. Regenerate it after adding a migration::
 
