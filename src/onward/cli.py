@@ -792,6 +792,15 @@ async def _serve(
         api: ApiServer | None = None  # imported only when served: a worker never loads FastAPI
         svc = None
         waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+
+        def hurry() -> None:
+            if api is not None:
+                api.server.force_exit = True
+            for w in waiters:
+                w.cancel()
+
+        # before anything says "running": a signal from then on stops it gracefully
+        _on_signals(stop, hurry)
         if api_at is not None:
             from onward.api import ApiServer, create_app
 
@@ -828,13 +837,6 @@ async def _serve(
         gc.collect()
         gc.freeze()
 
-        def hurry() -> None:
-            if api is not None:
-                api.server.force_exit = True
-            for w in waiters:
-                w.cancel()
-
-        _on_signals(stop, hurry)
         orphaned = None
         if parent_pid is not None:
             orphaned = asyncio.ensure_future(_orphaned(parent_pid))

@@ -36,6 +36,10 @@ class Eager:
     leases: dict[str, float]
 
 
+#: the parameters of ``timers.sql fire`` for a fire that claims nothing (a sweep's, a bench's)
+NO_EAGER: dict[str, Any] = {"worker": None, "lanes": [], "free": [], "leases": []}
+
+
 # the columns of a fired timer's row that are its step's claim (as ``leases.claim`` returns it)
 _CLAIM_KEYS = (
     "org_id", "run_id", "seq", "step_id", "kind", "lane", "iteration", "attempt", "failures",

@@ -53,6 +53,7 @@ from typing import Any
 
 import psycopg
 
+from onward import timers
 from onward.automations.builder import Automation
 from onward.bench import median, percentile
 from onward.bench.ceiling import cpu_delta, cpu_snapshot
@@ -378,6 +379,7 @@ def _fire_ceiling(dbs: TemporaryDatabases, n: int) -> dict[str, Any]:
                         "timer_ids": chunk,
                         "wake_ns": [None] * len(chunk),
                         "by": "ceiling",
+                        **timers.NO_EAGER,
                     },
                 )
                 fired += len(cur.fetchall())

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from onward import timers
 from onward.bench import median, percentile
 from onward.bench.db import scratch_database
 from onward.sweep import Q as SWEEP_Q
@@ -50,6 +51,7 @@ def _batch(conn: psycopg.Connection[dict[str, Any]], lim: SweepLimits) -> int:
                 "timer_ids": [d["timer_id"] for d in due],
                 "wake_ns": [None] * len(due),
                 "by": "sweep",
+                **timers.NO_EAGER,
             },
         ).fetchall()
         return len(fired)
