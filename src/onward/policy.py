@@ -272,10 +272,12 @@ def outputs_read(doc: AutomationDoc, registry: Registry) -> frozenset[str] | Non
         if spec is None or spec.reads is None:
             return None
         try:
-            sources = spec.reads(step, spec.parse_params(step.params))
+            sources = list(spec.reads(step, spec.parse_params(step.params)))
         except Exception:  # a bad parameter fails the step itself; here, keep everything
             return None
         for source in sources:
+            if not isinstance(source, str):  # a user's ``reads`` that answers oddly
+                return None
             try:
                 roots = {str(v) for v in cel.compile_expr(source).variables()}
             except cel.CelError:

@@ -7,17 +7,8 @@ These prove the commands work and their figures hang together; they assert no ti
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from onward.testing import run_onward
-
-
-def _bench(db_url: str, *args: str) -> dict[str, Any]:
-    out = run_onward(db_url, "bench", *args, timeout=300, log_level="info")
-    assert out.returncode == 0, out.stderr
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
+from tests.integration.benches import bench as _bench
 
 
 def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str) -> None:

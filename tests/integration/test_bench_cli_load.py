@@ -6,17 +6,7 @@ These prove the commands work and their figures hang together; they assert no ti
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from onward.testing import run_onward
-
-
-def _bench(db_url: str, *args: str) -> dict[str, Any]:
-    out = run_onward(db_url, "bench", *args, timeout=300, log_level="info")
-    assert out.returncode == 0, out.stderr
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
+from tests.integration.benches import bench as _bench
 
 
 def test_bench_start_quick_counts_each_duplicate_once(db_url: str) -> None:

@@ -346,6 +346,11 @@ def test_outputs_read_keeps_every_output_for_a_kind_that_does_not_say() -> None:
     assert policy.outputs_read(_doc({"id": "a", "kind": "mine"}), reg) is None
     reg.add(KindSpec(name="quiet", lane="io", handler=_noop, reads=lambda s, p: []))
     assert policy.outputs_read(_doc({"id": "a", "kind": "quiet"}), reg) == frozenset()
+    # a ``reads`` that raises or answers something other than expressions keeps everything
+    reg.add(KindSpec(name="odd", lane="io", handler=_noop, reads=lambda s, p: [3]))
+    reg.add(KindSpec(name="bad", lane="io", handler=_noop, reads=lambda s, p: 1 / 0))
+    assert policy.outputs_read(_doc({"id": "a", "kind": "odd"}), reg) is None
+    assert policy.outputs_read(_doc({"id": "a", "kind": "bad"}), reg) is None
 
 
 def test_a_proceed_keeps_its_output_only_when_read() -> None:
