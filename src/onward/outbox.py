@@ -53,11 +53,14 @@ class Relay:
         poll_seconds: float = 0.1,
         kick: asyncio.Event | None = None,
         fire_batch: int = 500,
+        fire_concurrency: int = 1,
     ) -> None:
         self.pool, self.queue = pool, queue
         # with the PostgreSQL queue a round fires the timers it takes, and every timer due while
         # the round runs waits for the next one: at most fire_batch rows a round
         self.batch = min(batch, fire_batch) if queue.name == "postgres" else batch
+        # ... and a round that fires runs beside the next: up to this many rounds in flight
+        self.rounds = max(1, fire_concurrency) if queue.name == "postgres" else 1
         self.poll_seconds = poll_seconds
         self.kick = kick or asyncio.Event()
         self.published = 0
@@ -116,23 +119,55 @@ class Relay:
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self.kick.clear()  # before the round: a kick during it is not lost
-            try:
-                n = await self.run_once()
-            except (psycopg.OperationalError, OSError, ConnectionError) as exc:
-                log.warning("relay: publish failed (%s); rows stay unsent and are retried", exc)
-                n = 0
-                await sleep_or(stop, 1.0)
-            except Exception:
-                # Anything else must not end the relay silently (R16): log it, keep the rows
-                # unsent, and try again; doctor's stale_outbox check shows a relay that is stuck.
-                log.exception("relay: unexpected error; rows stay unsent and are retried")
-                n = 0
-                await sleep_or(stop, 1.0)
-            if n >= self.batch:
-                continue
-            await sleep_or(stop, await self._wait(), self.kick)
+        """Publish rounds until ``stop``. A round that took a full batch is followed at once;
+        otherwise the next waits for a kick, the next delayed row's instant or the poll
+        interval. With the PostgreSQL queue up to ``rounds`` rounds are in flight: a round
+        firing a batch of timers takes tens of milliseconds under load, and a timer due
+        meanwhile is taken by the next round (``SKIP LOCKED`` keeps their rows apart) instead
+        of waiting for it to commit."""
+        slots = asyncio.Semaphore(self.rounds)
+        more = asyncio.Event()  # a round took a full batch: there may be more now
+        flying: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                self.kick.clear()  # before the round: a kick during it is not lost
+                more.clear()
+                await slots.acquire()
+                task = asyncio.create_task(self._round(stop, slots, more))
+                flying.add(task)
+                task.add_done_callback(flying.discard)
+                if self.rounds == 1:
+                    await task
+                    if more.is_set():
+                        continue
+                await sleep_or(stop, await self._wait(), self.kick, more)
+        except BaseException:
+            for task in flying:  # cancelled: so are the rounds (their rows stay unsent)
+                task.cancel()
+            raise
+        finally:
+            if flying:
+                await asyncio.wait(set(flying))
+
+    async def _round(
+        self, stop: asyncio.Event, slots: asyncio.Semaphore, more: asyncio.Event
+    ) -> None:
+        try:
+            n = await self.run_once()
+        except (psycopg.OperationalError, OSError, ConnectionError) as exc:
+            log.warning("relay: publish failed (%s); rows stay unsent and are retried", exc)
+            await sleep_or(stop, 1.0)
+            return
+        except Exception:
+            # Anything else must not end the relay silently (R16): log it, keep the rows
+            # unsent, and try again; doctor's stale_outbox check shows a relay that is stuck.
+            log.exception("relay: unexpected error; rows stay unsent and are retried")
+            await sleep_or(stop, 1.0)
+            return
+        finally:
+            slots.release()
+        if n >= self.batch:
+            more.set()
 
     async def _wait(self) -> float:
         """How long to sleep: the poll interval, or -- with a queue that keeps no delayed jobs,

@@ -166,7 +166,8 @@ LEADER_POINTS = (
 # wait: the early replies; those kills come from the API's turn at it.)
 # The erasures go through the API too (``POST /v1/contacts/{id}/erase``).
 ERASURE_POINTS = ("erasure.after_record", "erasure.after_run")
-API_POINTS = ("approval.after_decide", "signal.after_claim", *ERASURE_POINTS)
+DECIDE_POINT, SIGNAL_POINT = "approval.after_decide", "signal.after_claim"
+API_POINTS = (DECIDE_POINT, SIGNAL_POINT, *ERASURE_POINTS)
 # Reached by the processes driving the migration: ``onward runs migrate`` (batches of
 # MIGRATE_BATCH runs), then ``onward operations resume`` after each kill (role "migrator").
 MIGRATE_POINT = "migrate.in_batch"
@@ -181,6 +182,10 @@ RARE_POINTS = (*ERASURE_POINTS, MIGRATE_POINT, NOTIFY_POINT)
 # early in its run, and again when it resumes from the budget): armed first in each round, so
 # a short run does not end its drafts before their turn comes.
 EARLY_POINTS = ("budget.after_reserve",)
+# A process armed with a kill whose point did not come in its window is stopped gracefully and
+# the kill is armed again, RETRY_GAP kills later (not behind the whole queue: by then the runs
+# that could reach it may have finished), up to NO_SHOW_TRIES windows in all.
+NO_SHOW_TRIES, RETRY_GAP = 5, 3
 UNREACHABLE: dict[str, str] = {
     "vault.between_batches": "an operator's onward keys rotate-secrets, not part of the "
     "scenario (tests/acceptance/test_vault_crash.py kills it there)",
@@ -241,6 +246,7 @@ class Proc(Process):
     resume_at: float | None = None
     external: bool = False
     erase_calls: int = 0  # the API: erasures asked of it (an erasure's kill needs one)
+    people_at: tuple[int, int] = (0, 0)  # the API: clicks and reply posts when it was armed
 
 
 @dataclass
@@ -1382,6 +1388,12 @@ class _People:
         for row in conn.execute(_PENDING_APPROVALS, (self.org,)).fetchall():
             self._submit("click", f"a:{row['approval_id']}", self._decide, row)
 
+    def seen(self) -> tuple[int, int]:
+        """Clicks sent and replies posted so far: an API armed for a decision's or a signal's
+        kill reaches its point only if one came while it served."""
+        with self._lock:
+            return self.counts["clicks"], self.counts["reply_posts"]
+
     def busy(self, run_id: str) -> bool:
         """Someone is acting on the run right now (a reply, an early reply under way)."""
         with self._lock:
@@ -1509,6 +1521,7 @@ class _People:
             got = {"deliveries": [{"status": None}]}
         answered = False
         with self._lock:
+            self.counts["reply_posts"] += 1
             if f"r:{row['run_id']}" not in self._tried_once:
                 self._tried_once.add(f"r:{row['run_id']}")
                 self.counts["replies"] += 1
@@ -1784,6 +1797,7 @@ class _Chaos:
         self.generation += 1
         proc.name = f"api0-{self.generation}"
         proc.slot, proc.specs, proc.spawned_at = 0, specs, time.monotonic()
+        proc.people_at = self.people.seen()
         proc.tell(f"go {proc.name} {','.join(x.arm for x in specs) or '-'}\n")
         self.procs[("api", 0)] = proc
         return proc
@@ -2408,8 +2422,10 @@ class _Chaos:
             for spec in live:
                 if stopping:
                     continue  # the schedule is over
-                if spec.tries < 3:  # armed, but the point never came in time
-                    self._release(proc, spec, front=False)
+                if spec.tries < NO_SHOW_TRIES:  # armed, but the point never came in time
+                    # back soon, while the runs that can reach it still flow (an early point
+                    # next: later in the run it can no longer come)
+                    self._release(proc, spec, at=0 if spec.point in EARLY_POINTS else RETRY_GAP)
                 elif not any(spec is x for x in self._armed_specs(exclude=proc)):
                     self._missed(spec)
         else:
@@ -2420,14 +2436,15 @@ class _Chaos:
             for spec in live:
                 self._release(proc, spec)
 
-    def _release(self, proc: Proc, spec: Spec, *, front: bool = True) -> None:
-        """Put a kill back in the queue, unless another process still holds it armed."""
+    def _release(self, proc: Proc, spec: Spec, *, at: int = 0) -> None:
+        """Put a kill back in the queue at position ``at`` (0: next), unless another process
+        still holds it armed."""
         if spec.done or any(spec is x for x in self._armed_specs(exclude=proc)):
             return
         queue = self.queues[proc.role]
         if any(spec is x for x in queue):
             return
-        queue.insert(0, spec) if front else queue.append(spec)
+        queue.insert(min(at, len(queue)), spec)
 
     def _missed(self, spec: Spec) -> None:
         """A planned kill whose point never came (random extras are simply dropped)."""
@@ -2564,11 +2581,16 @@ class _Chaos:
                 )
                 limit = 20.0 if slow else 12.0
                 if now - proc.ready_at > limit:
-                    if proc.role == "api" and not proc.erase_calls:
-                        # an erasure's kill never had its erasure (no contact could be
-                        # erased): not a try, it comes again
+                    if proc.role == "api":
+                        # a kill whose request never came (no contact could be erased, nobody
+                        # clicked, no reply was posted): not a try, it comes again
+                        clicks, posts = self.people.seen()
                         for x in proc.specs:
-                            if x.point in ERASURE_POINTS:
+                            if (
+                                (x.point in ERASURE_POINTS and not proc.erase_calls)
+                                or (x.point == DECIDE_POINT and clicks == proc.people_at[0])
+                                or (x.point == SIGNAL_POINT and posts == proc.people_at[1])
+                            ):
                                 x.tries -= 1
                     proc.popen.send_signal(signal.SIGTERM)  # give up on this kill for now
                     proc.term_at = now
