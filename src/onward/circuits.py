@@ -17,6 +17,8 @@ provider's occasional 5xx never parks runs unless someone asked for a breaker th
   (``circuits.sql half_open_due``, history ``circuit_half_open``). Its success closes the
   circuit and resumes every parked step from the same step (``circuits.sql close``, history
   ``circuit_closed`` per run); its failure opens the circuit again for another cool-down.
+  A step that read its circuit open and parked just after the close (two statements apart)
+  is resumed by the sweeper's next tick (``circuits.sql resume_stranded``).
 """
 
 from __future__ import annotations
@@ -111,6 +113,13 @@ async def succeeded(
             )
         ).fetchall()
     return [r["key"] for r in rows]
+
+
+async def resume_stranded(conn: Conn, *, worker: str, limit: int = 100) -> int:
+    """The sweeper's backstop: steps parked on a circuit that is closed (their park raced the
+    probe's close) are made ready from the same step. Returns how many."""
+    cur = await conn.execute(Q.resume_stranded, {"worker": worker, "limit": limit})
+    return len(await cur.fetchall())
 
 
 async def half_open_due(conn: Conn, *, worker: str, limit: int = 100) -> list[dict[str, Any]]:

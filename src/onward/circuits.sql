@@ -141,6 +141,32 @@ run AS (
 )
 SELECT c.key, (SELECT count(*) FROM ready) AS resumed FROM c;
 
+-- name: resume_stranded
+-- The backstop for a park that raced a close: a step reads its circuit open (circuits.admit)
+-- and parks in its settle, a statement later; a probe's close committed in between resumed the
+-- steps parked when it ran -- not this one. A step parked on a circuit that is closed now (or
+-- no longer configured) is made ready from the same step, with a `circuit_closed` history row
+-- (detail `stranded`). Bounded; served by steps_parked.
+WITH to_ready AS (
+    SELECT st.org_id, st.run_id, st.seq, 'parked' AS from_status, NULL::int AS attempt,
+           now() AS available_at,
+           jsonb_build_object('by', 'circuit', 'circuit', st.error ->> 'circuit') AS wake,
+           NULL::jsonb AS error, 'circuit_closed' AS event, %(worker)s::text AS worker,
+           jsonb_build_object('circuit', st.error ->> 'circuit', 'stranded', true) AS detail
+    FROM steps st
+    WHERE st.status = 'parked' AND st.wait_kind = 'circuit'
+      AND NOT EXISTS (
+          SELECT 1 FROM circuits c
+          WHERE c.org_id = st.org_id AND c.key = st.error ->> 'circuit' AND c.state <> 'closed')
+    LIMIT %(limit)s
+),
+{{make_ready}},
+run AS (
+    UPDATE runs r SET status = 'active', status_reason = NULL, updated_at = now()
+    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'parked'
+)
+SELECT org_id, run_id, seq FROM ready;
+
 -- name: configure
 -- Set a key's thresholds (creating its closed circuit if it has none yet).
 INSERT INTO circuits (org_id, key, threshold, window_seconds, cooldown_seconds)

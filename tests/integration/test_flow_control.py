@@ -117,6 +117,46 @@ async def test_a_circuit_opens_parks_probes_once_and_resumes_every_parked_step(
     }
 
 
+async def test_a_step_parked_on_a_circuit_that_closed_before_the_park_resumes_on_the_sweep(
+    engine: Engine, sql: psycopg.Connection[Any], sandbox: SandboxServer
+) -> None:
+    """The race the chaos run found: a step reads its circuit open and parks a statement later,
+    after the probe's close resumed the steps parked when it ran. The state that race leaves --
+    a step parked on a closed circuit -- is made here by closing the circuit in SQL without its
+    resume; the sweeper's backstop (circuits.sql resume_stranded) resumes it."""
+    await connect(engine, sandbox, "mailbox", "email")
+    await engine.configure_circuit(
+        "connection:mailbox", threshold=1, window_seconds=60, cooldown_seconds=3600
+    )
+    await faults(sandbox, "email", error_rate=1.0)
+    flow = Automation("mail").step(
+        "send",
+        "email.send",
+        connection="mailbox",
+        to="{input.to}",
+        subject="s",
+        body="b",
+        retry={"max_attempts": 3, "base": 0.05, "cap": 0.1},
+    )
+    await engine.publish(flow.build())
+    run_id = (await engine.start("mail", {"to": "s@example.test"}, event_id="s1")).run_id
+    async with engine.running(sweeper=False):
+
+        async def parked() -> bool:
+            return statuses(sql, [run_id]) == {run_id: "parked"}
+
+        await eventually(parked, timeout=30, what="the run parked on the circuit")
+    await faults(sandbox, "email")
+    sql.execute(
+        "UPDATE circuits SET state = 'closed', failures = 0 WHERE key = 'connection:mailbox'"
+    )
+    async with engine.running():
+        assert await engine.wait(run_id, timeout=30, or_parked=False) == "completed"
+    (closed,) = history(sql, run_id, "circuit_closed")
+    assert closed["detail"] == {"circuit": "connection:mailbox", "stranded": True}
+    assert history(sql, run_id, "circuit_half_open") == []  # no probe: the cool-down is 1 h
+
+
 async def test_an_exhausted_budget_parks_and_raising_it_resumes(
     engine: Engine, sql: psycopg.Connection[Any], sandbox: SandboxServer
 ) -> None:
