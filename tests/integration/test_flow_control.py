@@ -34,6 +34,18 @@ async def faults(sandbox: SandboxServer, provider: str, **knobs: Any) -> None:
         (await client.post(f"/_admin/faults/{provider}", json=knobs)).raise_for_status()
 
 
+# one email a run, to the mailbox connection, retried quickly
+MAIL = Automation("mail").step(
+    "send",
+    "email.send",
+    connection="mailbox",
+    to="{input.to}",
+    subject="s",
+    body="b",
+    retry={"max_attempts": 3, "base": 0.05, "cap": 0.1},
+)
+
+
 def statuses(sql: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
     rows = sql.execute(
         "SELECT run_id, status FROM runs WHERE run_id = ANY(%s)", (run_ids,)
@@ -71,16 +83,7 @@ async def test_a_circuit_opens_parks_probes_once_and_resumes_every_parked_step(
     for key in ("provider:email", "connection:mailbox"):  # both see every failure
         await engine.configure_circuit(key, threshold=2, window_seconds=60, cooldown_seconds=1)
     await faults(sandbox, "email", error_rate=1.0)
-    flow = Automation("mail").step(
-        "send",
-        "email.send",
-        connection="mailbox",
-        to="{input.to}",
-        subject="s",
-        body="b",
-        retry={"max_attempts": 3, "base": 0.05, "cap": 0.1},
-    )
-    await engine.publish(flow.build())
+    await engine.publish(MAIL.build())
     runs = [
         (await engine.start("mail", {"to": f"m{i}@example.test"}, event_id=f"m{i}")).run_id
         for i in range(5)
@@ -129,16 +132,7 @@ async def test_a_step_parked_on_a_circuit_that_closed_before_the_park_resumes_on
         "connection:mailbox", threshold=1, window_seconds=60, cooldown_seconds=3600
     )
     await faults(sandbox, "email", error_rate=1.0)
-    flow = Automation("mail").step(
-        "send",
-        "email.send",
-        connection="mailbox",
-        to="{input.to}",
-        subject="s",
-        body="b",
-        retry={"max_attempts": 3, "base": 0.05, "cap": 0.1},
-    )
-    await engine.publish(flow.build())
+    await engine.publish(MAIL.build())
     run_id = (await engine.start("mail", {"to": "s@example.test"}, event_id="s1")).run_id
     async with engine.running(sweeper=False):
 
