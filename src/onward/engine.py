@@ -673,7 +673,7 @@ class Engine:
                 poll_seconds=self.settings.relay_poll_seconds,
                 kick=kick,
                 fire_batch=self.settings.timer_fire_batch,
-                fire_concurrency=self.settings.timer_fire_concurrency,
+                rounds=self.settings.relay_rounds,
             )
         if sweeper:
             svc.sweeper = Sweeper(

@@ -53,14 +53,14 @@ class Relay:
         poll_seconds: float = 0.1,
         kick: asyncio.Event | None = None,
         fire_batch: int = 500,
-        fire_concurrency: int = 1,
+        rounds: int = 1,
     ) -> None:
         self.pool, self.queue = pool, queue
         # with the PostgreSQL queue a round fires the timers it takes, and every timer due while
         # the round runs waits for the next one: at most fire_batch rows a round
         self.batch = min(batch, fire_batch) if queue.name == "postgres" else batch
         # ... and a round that fires runs beside the next: up to this many rounds in flight
-        self.rounds = max(1, fire_concurrency) if queue.name == "postgres" else 1
+        self.rounds = max(1, rounds) if queue.name == "postgres" else 1
         self.poll_seconds = poll_seconds
         self.kick = kick or asyncio.Event()
         self.published = 0

@@ -1,5 +1,5 @@
 """The relay's rounds with the PostgreSQL queue (R2, R6): a round fires the timers whose wakes it
-takes, in the transaction that marks them sent, and up to ``timer_fire_concurrency`` rounds are
+takes, in the transaction that marks them sent, and up to ``relay_rounds`` (``ONWARD_RELAY_ROUNDS``) rounds are
 in flight. A timer that falls due while a round is still firing an earlier batch is taken by the
 next round (``SKIP LOCKED`` keeps their rows apart) instead of waiting for it to commit, and every
 timer is still fired exactly once, by its wake."""
@@ -76,7 +76,7 @@ async def test_a_timer_due_while_a_round_still_fires_is_fired_by_the_next_round(
         return await real_fire(conn, batch, **kw)
 
     monkeypatch.setattr(timers, "fire", fire)
-    relay = Relay(engine.pool, engine.queue, fire_concurrency=2)
+    relay = Relay(engine.pool, engine.queue, rounds=2)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
     try:
