@@ -9,7 +9,8 @@ model reports it) once per effect key and releases the reservations; :func:`rele
 back when no call was made. A reservation has a lease (the step's): a worker that dies between
 reserve and charge leaves a reservation that stops counting when its lease lapses, so budget
 never leaks for ever. Setting a budget resumes the steps parked on budgets, and the sweeper
-resumes those parked before today once the day renews their budget.
+resumes those parked before today once the day renews their budget, and those whose call fits
+in their budget's room again (:func:`resume_with_room`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ async def reserve(
                         row["unit"],
                         f"budget {row['scope']} ({row['unit']}): {used} of {row['per_day']} per "
                         f"day used or reserved; this call may cost up to {cost[row['unit']]}",
+                        cost=cost[row["unit"]],
                     )
     crash_point("budget.after_reserve")
     return True
@@ -159,6 +161,17 @@ async def resume_parked(
                 "limit": limit,
             },
         )
+    ).fetchone()
+    return int(row["resumed"]) if row else 0
+
+
+async def resume_with_room(conn: Conn, *, worker: str, limit: int = 500) -> int:
+    """The sweeper's backstop: steps parked on a budget that has room for their call now (its
+    reservations released or lapsed, a charge below the estimate, or a raise that committed
+    between the step's failed reservation and its park) become ready again, oldest first, as
+    many as fit together. Each reserves again when it runs."""
+    row = await (
+        await conn.execute(Q.resume_with_room, {"worker": worker, "limit": limit})
     ).fetchone()
     return int(row["resumed"]) if row else 0
 

@@ -91,6 +91,58 @@ run AS (
 )
 SELECT count(*) AS resumed FROM ready;
 
+-- name: resume_with_room
+-- The sweeper's backstop: a step parked on a budget (its error names the budget, the unit and
+-- the call's maximum cost) becomes ready again once that budget has room for it -- its
+-- reservations released or lapsed, a charge below its estimate, or a raise that committed
+-- between the step's failed reservation and its park (set_budget's resume ran before the park
+-- and missed it). Oldest first, as many as fit together in each budget's room (a deleted
+-- budget: all); a call too big for the room alone is passed over. Each reserves again when it runs. Bounded; served by steps_parked.
+WITH parked AS (
+    SELECT org_id, run_id, seq, updated_at,
+           error -> 'detail' ->> 'budget' AS scope, error -> 'detail' ->> 'unit' AS unit,
+           (error -> 'detail' ->> 'cost')::numeric AS cost
+    FROM steps
+    WHERE status = 'parked' AND wait_kind = 'budget'
+      AND jsonb_typeof(error -> 'detail' -> 'cost') = 'number'
+),
+room AS (
+    SELECT b.org_id, b.scope, b.unit,
+           b.per_day
+           - coalesce((SELECT sum(amount) FROM budget_charges c
+                       WHERE c.org_id = b.org_id AND c.scope = b.scope AND c.unit = b.unit
+                         AND c.day = (now() AT TIME ZONE 'UTC')::date), 0)
+           - coalesce((SELECT sum(amount) FROM budget_reservations r
+                       WHERE r.org_id = b.org_id AND r.scope = b.scope AND r.unit = b.unit
+                         AND r.lease_until > now()), 0) AS room
+    FROM budgets b
+    WHERE (b.org_id, b.scope, b.unit) IN (SELECT org_id, scope, unit FROM parked)
+),
+fitting AS (
+    SELECT p.org_id, p.run_id, p.seq, room.room,
+           sum(p.cost) OVER (PARTITION BY p.org_id, p.scope, p.unit
+                             ORDER BY p.updated_at, p.run_id, p.seq) AS upto
+    FROM parked p
+    LEFT JOIN room ON room.org_id = p.org_id AND room.scope = p.scope AND room.unit = p.unit
+    WHERE room.room IS NULL OR p.cost <= room.room  -- one too big alone holds back no other
+),
+to_ready AS (
+    SELECT org_id, run_id, seq, 'parked' AS from_status, NULL::int AS attempt,
+           now() AS available_at, jsonb_build_object('by', 'budget') AS wake,
+           NULL::jsonb AS error, 'step_resumed' AS event, %(worker)s::text AS worker,
+           jsonb_build_object('by', 'budget', 'reason', 'room in the budget') AS detail
+    FROM fitting
+    WHERE room IS NULL OR upto <= room
+    ORDER BY upto
+    LIMIT %(limit)s
+),
+{{make_ready}},
+run AS (
+    UPDATE runs r SET status = 'active', status_reason = NULL, updated_at = now()
+    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'parked'
+)
+SELECT count(*) AS resumed FROM ready;
+
 -- name: list
 -- Every budget with today's charges and live reservations.
 SELECT b.scope, b.unit, b.per_day,

@@ -329,6 +329,9 @@ class BudgetExhausted(StepError):
     maximum cost today: the step parks (``wait_kind = 'budget'``) until the budget renews or is
     raised (``onward.budgets``)."""
 
-    def __init__(self, scope: str, unit: str, message: str) -> None:
-        super().__init__(message, detail={"budget": scope, "unit": unit})
-        self.scope, self.unit = scope, unit
+    def __init__(self, scope: str, unit: str, message: str, *, cost: float | None = None) -> None:
+        detail: dict[str, Any] = {"budget": scope, "unit": unit}
+        if cost is not None:  # the call's maximum cost in ``unit``: what must fit to resume it
+            detail["cost"] = cost
+        super().__init__(message, detail=detail)
+        self.scope, self.unit, self.cost = scope, unit, cost

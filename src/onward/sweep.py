@@ -207,13 +207,15 @@ class Sweeper:
     async def flow_control(self) -> int:
         """Circuits past their cool-down become half-open (one probe each); steps parked on a
         circuit that closed before their park committed resume; steps parked on a budget
-        before today resume. Returns how many steps were made ready."""
+        before today, or whose call fits in their budget's room now, resume. Returns how many
+        steps were made ready."""
         async with self.pool.connection() as conn:
             probes = await circuits.half_open_due(conn, worker=self.worker_id)
             stranded = await circuits.resume_stranded(conn, worker=self.worker_id)
             renewed = await budgets.resume_parked(
                 conn, None, worker=self.worker_id, reason="a new day", renewed_only=True
             )
+            renewed += await budgets.resume_with_room(conn, worker=self.worker_id)
         self.stats.probes += len(probes)
         self.stats.budget_resumed += renewed
         return sum(1 for p in probes if p["probe_run_id"]) + stranded + renewed

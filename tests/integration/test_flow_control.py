@@ -151,6 +151,14 @@ async def test_a_step_parked_on_a_circuit_that_closed_before_the_park_resumes_on
     assert history(sql, run_id, "circuit_half_open") == []  # no probe: the cool-down is 1 h
 
 
+DRAFT = Automation("draft").step(
+    "draft", "model.generate", connection="model", prompt="Write hello", max_tokens=60
+)
+BIG_DRAFT = Automation("big-draft").step(
+    "draft", "model.generate", connection="model", prompt="Write hello", max_tokens=2000
+)
+
+
 async def test_an_exhausted_budget_parks_and_raising_it_resumes(
     engine: Engine, sql: psycopg.Connection[Any], sandbox: SandboxServer
 ) -> None:
@@ -174,3 +182,54 @@ async def test_an_exhausted_budget_parks_and_raising_it_resumes(
     spent = out["output"]["tokens_in"] + out["output"]["tokens_out"]
     assert float(budget["charged_today"]) == spent and float(budget["reserved"]) == 0
     assert len(history(sql, run_id, "step_resumed")) == 1
+
+
+async def test_a_step_parked_after_a_raise_it_missed_resumes_by_the_sweeper(
+    engine: Engine, sql: psycopg.Connection[Any], sandbox: SandboxServer
+) -> None:
+    """The race of a budget's raise with a park: a step's reservation fails, the raise commits
+    and resumes the steps parked then -- not this one, which parks a statement later. That
+    state -- a step parked on a budget that has room for it -- is made here by raising the
+    budget in SQL without its resume; the sweeper's backstop (budgets.sql resume_with_room)
+    resumes it, and a step whose call still does not fit stays parked."""
+    await connect(engine, sandbox, "model", "model")
+    await engine.set_budget("*", "tokens", 10)  # a draft may cost up to prompt + 60 tokens
+    await engine.publish(DRAFT.build())
+    await engine.publish(BIG_DRAFT.build())
+    small = (await engine.start("draft", {}, event_id="r1")).run_id
+    big = (await engine.start("big-draft", {}, event_id="r2")).run_id
+    async with engine.running(sweeper=False):
+        for run_id in (small, big):
+            assert await engine.wait(run_id, timeout=30) == "parked"
+    (parked,) = sql.execute("SELECT error FROM steps WHERE run_id = %s", (small,)).fetchall()
+    assert parked["error"]["detail"]["cost"] > 10  # what must fit to resume it
+    sql.execute("UPDATE budgets SET per_day = 500 WHERE scope = '*'")  # no resume
+    async with engine.running():
+        assert await engine.wait(small, timeout=30, or_parked=False) == "completed"
+    (resumed,) = history(sql, small, "step_resumed")
+    assert resumed["detail"] == {"by": "budget", "reason": "room in the budget"}
+    assert statuses(sql, [big]) == {big: "parked"}  # up to 2,000 tokens: no room for it
+    assert history(sql, big, "step_resumed") == []
+
+
+async def test_a_step_parked_behind_reservations_resumes_when_they_are_released(
+    engine: Engine, sql: psycopg.Connection[Any], sandbox: SandboxServer
+) -> None:
+    """A budget full of other calls' reservations (in flight) parks a draft; when those calls
+    end (their reservations released, or lapsed with their worker), the draft resumes with no
+    raise and no new day."""
+    await connect(engine, sandbox, "model", "model")
+    await engine.set_budget("*", "tokens", 200)
+    sql.execute(
+        "INSERT INTO budget_reservations (org_id, effect_key, scope, unit, amount, lease_until)"
+        " VALUES (%s, 'another-call', '*', 'tokens', 190, now() + interval '1 hour')",
+        (engine.org_id,),
+    )
+    await engine.publish(DRAFT.build())
+    run_id = (await engine.start("draft", {}, event_id="q1")).run_id
+    async with engine.running():
+        assert await engine.wait(run_id, timeout=30) == "parked"
+        sql.execute("DELETE FROM budget_reservations WHERE effect_key = 'another-call'")
+        assert await engine.wait(run_id, timeout=30, or_parked=False) == "completed"
+    (budget,) = await engine.budgets()
+    assert float(budget["reserved"]) == 0 and 0 < float(budget["charged_today"]) <= 200

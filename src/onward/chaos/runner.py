@@ -184,7 +184,8 @@ RARE_POINTS = (*ERASURE_POINTS, MIGRATE_POINT, NOTIFY_POINT)
 EARLY_POINTS = ("budget.after_reserve",)
 # A process armed with a kill whose point did not come in its window is stopped gracefully and
 # the kill is armed again, RETRY_GAP kills later (not behind the whole queue: by then the runs
-# that could reach it may have finished), up to NO_SHOW_TRIES windows in all.
+# that could reach it may have finished), up to NO_SHOW_TRIES windows in all; a worker's kill
+# armed again is armed in every running worker too (_Chaos._share_retry).
 NO_SHOW_TRIES, RETRY_GAP = 5, 3
 UNREACHABLE: dict[str, str] = {
     "vault.between_batches": "an operator's onward keys rotate-secrets, not part of the "
@@ -1871,6 +1872,8 @@ class _Chaos:
                 and x.point in SHARED_POINTS
                 and not any(x is y for y in proc.specs)
             ]
+        if role == "worker" and proc.specs and proc.specs[0].tries > 0:
+            self._share_retry(proc.specs[0], proc)
         for spec in proc.specs:
             spec.tries += 1
         proc.spawned_at = time.monotonic()
@@ -1881,6 +1884,21 @@ class _Chaos:
         proc.tell(f"go {proc.name} {arm}\n")
         self.procs[(role, slot)] = proc
         return proc
+
+    def _share_retry(self, spec: Spec, proc: Proc) -> None:
+        """A worker's kill armed again after a window in which its point never came: armed in
+        every running worker too (stdin ``arm``), for a point that one kind of step reaches
+        (``approval.after_request``) comes to whichever worker takes that step."""
+        for other in self.procs.values():
+            if (
+                other is not proc
+                and other.role == "worker"
+                and other.alive()
+                and other.term_at is None
+                and not any(spec is x for x in other.specs)
+            ):
+                other.specs.append(spec)
+                other.tell(f"arm {spec.arm}\n")
 
     def _provoke_errors(self) -> None:
         """A handler must fail for ``worker.before_settle_error``: the next two calls to each

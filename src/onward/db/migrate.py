@@ -61,8 +61,22 @@ def applied(conn: psycopg.Connection) -> dict[int, str]:
 
 
 def apply(url: str) -> list[Migration]:
-    """Apply every pending migration; return the ones this call applied."""
+    """Apply every pending migration; return the ones this call applied. Repeated once on a
+    new connection if the first was lost (a restart, ``pg_terminate_backend``): a migration
+    commits with its bookkeeping row, so the repeat skips what committed."""
+    from onward.db import is_connection_error
+
     done: list[Migration] = []
+    try:
+        _apply(url, done)
+    except psycopg.OperationalError as exc:
+        if not is_connection_error(exc):
+            raise
+        _apply(url, done)
+    return done
+
+
+def _apply(url: str, done: list[Migration]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for mig in available():
             with conn.transaction():
@@ -75,8 +89,7 @@ def apply(url: str) -> list[Migration]:
                     "INSERT INTO onward_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                     (mig.version, mig.name, mig.checksum),
                 )
-                done.append(mig)
-    return done
+            done.append(mig)  # committed
 
 
 def status(url: str) -> list[dict[str, object]]:

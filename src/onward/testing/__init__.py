@@ -26,7 +26,9 @@ Processes (:mod:`onward.testing.processes`)
     ``process_env(crash_at=, clock_offset=)``: a child's environment with a crash point armed
     (``ONWARD_CRASH_AT``) and its clocks skewed (libfaketime). ``onward_argv(url, *args)``: the
     ``onward`` command line in this interpreter; ``run_onward(url, *args, env=, cwd=)`` runs a
-    short one to completion (its ``CompletedProcess``). ``run_python(code, *args,
+    short one to completion (its ``CompletedProcess``), as a process forked from this test
+    process's zygote (:mod:`onward.testing.zygote`: onward imported once; ``ONWARD_TEST_FORK=0``:
+    a fresh interpreter each time). ``run_python(code, *args,
     clock_offset=)`` runs a snippet in a fresh interpreter; ``loaded_modules(*imports)`` says
     which ``onward`` modules a fresh interpreter loads for those imports. What ``/proc`` says
     (Linux; shared with ``onward bench intake``): ``free_port()``, ``child_pids(pid)``,

@@ -17,13 +17,19 @@ file, signalled (SIGKILL, SIGTERM, SIGSTOP/SIGCONT), always reaped.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
+import itertools
+import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,16 +343,102 @@ def run_onward(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``onward --database-url URL ARGS`` to completion (``publish``, ``start``, ``show``,
     ``migrate``, ``doctor``, ``bench``...), logging at ``log_level``; ``env`` adds to the
-    environment. Its exit code, stdout and stderr (text); it is not checked."""
+    environment. Its exit code, stdout and stderr (text); it is not checked.
+
+    The process is forked from this test process's zygote (:mod:`onward.testing.zygote`: onward
+    already imported) unless ``ONWARD_TEST_FORK=0`` or its environment needs a fresh
+    interpreter (libfaketime, other ``PYTHON*`` settings)."""
+    argv = onward_argv(database_url, *args)
+    child_env = process_env(extra={"ONWARD_LOG_LEVEL": log_level, **(env or {})})
+    if _forkable(child_env):
+        return _Zygote.get().run(argv, child_env, cwd, timeout)
     return subprocess.run(
-        onward_argv(database_url, *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=process_env(extra={"ONWARD_LOG_LEVEL": log_level, **(env or {})}),
-        cwd=cwd,
-        check=False,
+        argv, capture_output=True, text=True, timeout=timeout, env=child_env, cwd=cwd, check=False
     )
+
+
+def _forkable(env: Mapping[str, str]) -> bool:
+    if os.environ.get("ONWARD_TEST_FORK", "1") == "0" or "LD_PRELOAD" in env:
+        return False
+    here = process_env()
+    return all(
+        env.get(k) == here.get(k) for k in {*env, *here} if k.startswith(("PYTHON", "FAKETIME"))
+    )
+
+
+class _Zygote:
+    """This test process's zygote: started on first use, restarted if it died; it ends by itself
+    when this process does."""
+
+    _current: _Zygote | None = None
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="onward-zygote-")
+        self.path = os.path.join(self.dir, "socket")
+        self.owner = os.getpid()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "onward.testing.zygote", self.path],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=process_env(),
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the zygote did not start (exit {self.proc.wait()})")
+        atexit.register(self.close)
+
+    @classmethod
+    def get(cls) -> _Zygote:
+        zygote = cls._current
+        if zygote is None or zygote.owner != os.getpid() or zygote.proc.poll() is not None:
+            zygote = cls._current = cls()
+        return zygote
+
+    def run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | Path | None,
+        timeout: float,
+    ) -> subprocess.CompletedProcess[str]:
+        out = os.path.join(self.dir, f"{os.getpid()}-{next(_serial)}")
+        files = (out + ".out", out + ".err")
+        request = {
+            "args": list(argv[3:]),  # after: python -m onward.cli
+            "env": dict(env),
+            "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+            "stdout": files[0],
+            "stderr": files[1],
+        }
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(self.path)
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            reader = conn.makefile("rb")
+            pid = int(reader.readline().split()[1])
+            try:
+                line = reader.readline()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(list(argv), timeout) from None
+        returncode = int(line.split()[1])
+        texts = []
+        for name in files:
+            with open(name, encoding="utf-8", errors="replace") as f:
+                texts.append(f.read())
+            os.unlink(name)
+        return subprocess.CompletedProcess(list(argv), returncode, texts[0], texts[1])
+
+    def close(self) -> None:
+        if self.owner == os.getpid() and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_serial = itertools.count()
 
 
 def run_python(
