@@ -104,27 +104,30 @@ async def settle_advance_many(
     run row per (org_id, run_id) that settled; a missing key means that step's lease was lost."""
     if not items:
         return {}
-    cur = await conn.execute(
-        Q.settle_advance,
-        {
-            "worker": worker,
-            "leases": [i.lease if i.lease is not None else lease for i in items],
-            "org_ids": [i.token.org_id for i in items],
-            "run_ids": [i.token.run_id for i in items],
-            "seqs": [i.token.seq for i in items],
-            "attempts": [i.token.attempt for i in items],
-            "outputs": [Jsonb(i.output) for i in items],
-            "vars": [Jsonb(i.vars or {}) for i in items],
-            "next_step_ids": [i.next_step.step_id if i.next_step else None for i in items],
-            "next_kinds": [i.next_step.kind if i.next_step else None for i in items],
-            "next_lanes": [i.next_step.lane if i.next_step else None for i in items],
-            "next_iterations": [i.next_step.iteration if i.next_step else None for i in items],
-            "eagers": [bool(i.eager and i.next_step) for i in items],
-            "done_statuses": ["skipped" if i.skipped else "done" for i in items],
-            "details": [Jsonb(i.detail) if i.detail else None for i in items],
-            "keeps": [i.keep_output for i in items],
-        },
-    )
+    batch = []
+    for i in items:
+        t, n = i.token, i.next_step
+        row: dict[str, Any] = {
+            "org_id": t.org_id,
+            "run_id": t.run_id,
+            "seq": t.seq,
+            "attempt": t.attempt,
+            "output": i.output,
+            "vars": i.vars or {},
+            "eager": bool(i.eager and n),
+            "done_status": "skipped" if i.skipped else "done",
+            "lease": i.lease if i.lease is not None else lease,
+            "keep": i.keep_output,
+        }
+        if n is not None:
+            row["next_step_id"] = n.step_id
+            row["next_kind"] = n.kind
+            row["next_lane"] = n.lane
+            row["next_iteration"] = n.iteration
+        if i.detail:
+            row["detail"] = i.detail
+        batch.append(row)
+    cur = await conn.execute(Q.settle_advance, {"worker": worker, "items": Jsonb(batch)})
     return {(r["org_id"], r["run_id"]): r for r in await cur.fetchall()}
 
 

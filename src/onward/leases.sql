@@ -55,14 +55,17 @@ RETURNING s.org_id, s.run_id, s.seq;
 -- its lane),
 -- so no wake-up is needed; otherwise it is inserted ready with an outbox row for its lane.
 WITH x AS (
-    SELECT * FROM unnest(
-        %(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[],
-        %(outputs)s::jsonb[], %(vars)s::jsonb[], %(next_step_ids)s::text[],
-        %(next_kinds)s::text[], %(next_lanes)s::text[], %(next_iterations)s::int[],
-        %(eagers)s::bool[], %(done_statuses)s::text[], %(details)s::jsonb[],
-        %(leases)s::float8[], %(keeps)s::bool[]
-    ) AS x(org_id, run_id, seq, attempt, output, vars, next_step_id, next_kind, next_lane,
-           next_iteration, eager, done_status, detail, lease, keep)
+    -- the batch arrives as one JSON array of objects: one parameter that orjson writes in C
+    -- (fifteen parallel arrays cost the worker about 35 us a step in psycopg's Python array
+    -- dumper). A JSON null, or a missing key, reads as SQL NULL; an output of None stays the
+    -- JSON null it always was.
+    SELECT x.org_id, x.run_id, x.seq, x.attempt, coalesce(x.output, 'null'::jsonb) AS output,
+           coalesce(x.vars, '{}'::jsonb) AS vars, x.next_step_id, x.next_kind, x.next_lane,
+           x.next_iteration, x.eager, x.done_status, x.detail, x.lease, x.keep
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS x(
+        org_id text, run_id text, seq int, attempt int, output jsonb, vars jsonb,
+        next_step_id text, next_kind text, next_lane text, next_iteration int, eager bool,
+        done_status text, detail jsonb, lease float8, keep bool)
 ),
 done AS (
     UPDATE steps s

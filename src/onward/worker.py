@@ -46,6 +46,7 @@ from pydantic import ValidationError
 
 from onward import lanes as lane_policies
 from onward import leases, logs, metrics, policy, timers, tracing
+from onward.automations import cel
 from onward.automations.document import AutomationDoc, StepDef
 from onward.automations.versions import VersionCache
 from onward.config import Settings
@@ -140,6 +141,7 @@ class Worker:
         self._reads: dict[tuple[str, str, int], frozenset[str] | None] = {}
         self._params_cache: dict[tuple[str, str, int, str], Any] = {}
         self.settler = Settler(pool, self.id, settings.lease_seconds)
+        cel.load()  # once, here: not in the first step's time
 
     # -- wakes ---------------------------------------------------------------------------
     def on_wake(self, wake: Wake) -> None:

@@ -12,11 +12,12 @@ is still unfired (``fired_at IS NULL``). A duplicate therefore never applies a t
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 TOPICS = ("step", "timer")
 
@@ -33,7 +34,8 @@ class Wake:
     delay_s: float = 0.0
 
     def to_json(self) -> str:
-        return json.dumps(
+        # compact JSON, written by orjson in C (UTF-8 as is, not \u-escaped)
+        return orjson.dumps(
             {
                 "job_id": self.job_id,
                 "topic": self.topic,
@@ -41,12 +43,12 @@ class Wake:
                 "org_id": self.org_id,
                 "payload": self.payload,
             },
-            separators=(",", ":"),
-        )
+            option=orjson.OPT_NON_STR_KEYS,
+        ).decode()
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Wake:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
         return cls(
             job_id=data["job_id"],
             topic=data["topic"],

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from onward.queue.base import OnReconnect, OnWake, Queue, Wake
 
@@ -43,7 +44,9 @@ def health_channel(prefix: str) -> str:
     return f"{prefix}_health"
 
 
-_NOTIFY = "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) AS x(c, p)"
+# One JSON array of [channel, payload] pairs: orjson writes it in C, where two text arrays of
+# JSON payloads went through psycopg's Python array dumper (a regex escape per element).
+_NOTIFY = "SELECT pg_notify(e ->> 0, e ->> 1) FROM jsonb_array_elements(%s::jsonb) AS e"
 
 
 class PostgresQueue(Queue):
@@ -84,7 +87,7 @@ class PostgresQueue(Queue):
                 raise
 
     async def _notify(self, channels: list[str], payloads: list[str]) -> None:
-        await self._on_publisher(_NOTIFY, (channels, payloads))
+        await self._on_publisher(_NOTIFY, (Jsonb(list(zip(channels, payloads, strict=True))),))
 
     async def publish(self, wakes: Sequence[Wake]) -> None:
         if not wakes:
@@ -97,8 +100,7 @@ class PostgresQueue(Queue):
         """Publish inside the caller's transaction: delivered if and only if it commits."""
         if wakes:
             await conn.execute(
-                _NOTIFY,
-                ([channel(self.prefix, w.lane) for w in wakes], [w.to_json() for w in wakes]),
+                _NOTIFY, (Jsonb([[channel(self.prefix, w.lane), w.to_json()] for w in wakes]),)
             )
 
     async def _listen(self, channels: Sequence[str]) -> psycopg.AsyncConnection:
