@@ -24,10 +24,12 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from contextvars import ContextVar
+from contextvars import Token as ContextToken
 from typing import Any, TextIO
 
 import structlog
-from structlog.contextvars import bind_contextvars, merge_contextvars, reset_contextvars
+from structlog.contextvars import merge_contextvars
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from onward.errors import ConfigError
@@ -126,6 +128,7 @@ def configure(
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     shared: list[Processor] = [
         merge_contextvars,
+        _merge_step,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         timestamper,
@@ -176,18 +179,39 @@ def get_logger(name: str) -> Any:
     return structlog.stdlib.get_logger(name)
 
 
+#: the step this task runs (and the tasks it creates): one context variable holding the whole
+#: identity, set and reset once a step, where binding each field as its own variable cost a
+#: worker about 4 % of its CPU per step
+_STEP: ContextVar[Mapping[str, Any] | None] = ContextVar("onward_step", default=None)
+
+
+def _merge_step(_logger: WrappedLogger, _name: str, event: EventDict) -> EventDict:
+    step = _STEP.get()
+    if step is not None:
+        for key, value in step.items():
+            event.setdefault(key, value)
+    return event
+
+
 def step_context(
     org_id: str, run_id: str, step_id: str, seq: int, attempt: int, worker: str
-) -> Mapping[str, Any]:
+) -> ContextToken[Mapping[str, Any] | None]:
     """Bind a step's identity to every log line written until :func:`unbind` (in this task and
-    the tasks it creates); returns the tokens :func:`unbind` takes."""
-    return bind_contextvars(
-        org_id=org_id, run_id=run_id, step_id=step_id, seq=seq, attempt=attempt, worker=worker
+    the tasks it creates); returns the token :func:`unbind` takes."""
+    return _STEP.set(
+        {
+            "org_id": org_id,
+            "run_id": run_id,
+            "step_id": step_id,
+            "seq": seq,
+            "attempt": attempt,
+            "worker": worker,
+        }
     )
 
 
-def unbind(tokens: Mapping[str, Any]) -> None:
-    reset_contextvars(**tokens)
+def unbind(token: ContextToken[Mapping[str, Any] | None]) -> None:
+    _STEP.reset(token)
 
 
 __all__ = ["configure", "get_logger", "parse_levels", "step_context", "unbind"]

@@ -307,9 +307,17 @@ def skipped_by_operator(wake: Mapping[str, Any] | None) -> Advance | None:
     return Advance(output={"skipped": True, "by": wake.get("operator")}, skipped=reason)
 
 
+_STORED = json.JSONEncoder(default=str, allow_nan=False)  # made once, not on every call
+
+
 def _as_stored(value: Any) -> Any:
     """What the database will store, so the eager path sees exactly what a claim would."""
-    return json.loads(json.dumps(value, default=str, allow_nan=False))
+    kind = type(value)
+    if value is None or kind is str or kind is int or kind is bool:
+        return value  # JSON as it is
+    if kind is dict and not value:
+        return {}
+    return json.loads(_STORED.encode(value))
 
 
 __all__ = [

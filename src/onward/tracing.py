@@ -65,6 +65,9 @@ def _api() -> Any:
     return _trace
 
 
+_UNKNOWN = object()
+#: a provider named by the environment (OpenTelemetry makes it on first use)
+_ENV_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 _tracer_of: tuple[Any, Any] | None = None  # (provider, its tracer): one lookup per provider
 
 
@@ -76,7 +79,14 @@ def _tracer() -> Any:
     trace = _api()
     if trace is None:
         return None
-    provider = trace.get_tracer_provider()
+    # The API's global, read directly: while none is set, get_tracer_provider looks up an
+    # environment variable on every call (an exception inside os.environ each time, about 3 %
+    # of a worker's CPU here). If a later API names it otherwise, the public call serves.
+    provider: Any = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None and not _ENV_PROVIDER:
+        return None
+    if provider is None or provider is _UNKNOWN:
+        provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
     if _tracer_of is None or _tracer_of[0] is not provider:
