@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from onward import jsoncodec
 from onward.automations.document import AutomationDoc, RetryPolicy, StepDef
 from onward.backoff import retry_delay
 from onward.errors import (
@@ -317,7 +318,7 @@ def _as_stored(value: Any) -> Any:
         return value  # JSON as it is
     if kind is dict and not value:
         return {}
-    return json.loads(_STORED.encode(value))
+    return jsoncodec.loads(_STORED.encode(value))  # read back as a claim reads it
 
 
 __all__ = [
