@@ -18,11 +18,12 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from onward import audit
+from onward import audit, leases
 from onward.crashpoints import crash_point
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
-from onward.errors import BudgetExhausted, InvalidInput
+from onward.errors import BudgetExhausted, InvalidInput, LeaseLost
+from onward.leases import Token
 
 Q = Queries(__package__, "budgets.sql")
 
@@ -37,9 +38,15 @@ async def reserve(
     *,
     cost: dict[str, float],
     lease: float,
+    held: Token | None = None,
 ) -> bool:
     """Reserve ``cost`` (``{"usd": .., "tokens": ..}``) under every budget of this automation
-    and of the organisation. Returns whether any budget applied. Raises ``BudgetExhausted``."""
+    and of the organisation. Returns whether any budget applied. Raises ``BudgetExhausted``.
+
+    ``held``: the step attempt making the call. A reservation is written only while that
+    attempt holds its step (``leases.holds``, in the reservation's transaction), else
+    ``LeaseLost``: a stale attempt that reached this line after a newer one had charged and
+    freed the effect's reservation would leave one that nothing frees (it lapses, but stays)."""
     async with pool.connection() as conn:
         rows = await (
             await conn.execute(Q.of_scopes, {"org_id": org_id, "automation_id": automation_id})
@@ -48,6 +55,10 @@ async def reserve(
         if not rows:
             return False
         async with conn.transaction():
+            if held is not None and not await leases.holds(conn, held):
+                raise LeaseLost(
+                    f"step {held.run_id}#{held.seq}: attempt {held.attempt} no longer holds it"
+                )
             for row in rows:  # scope, unit order: every process locks in the same order
                 args = {"org_id": org_id, "scope": row["scope"], "unit": row["unit"]}
                 await conn.execute(Q.lock_budget, args)

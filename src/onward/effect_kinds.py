@@ -19,6 +19,7 @@ from onward.connectors.base import Connector
 from onward.crashpoints import crash_point
 from onward.errors import AuthorizationError, CircuitOpen, OutcomeUnknown, PermanentError, StepError
 from onward.kinds import Advance, StepContext, reads_no_outputs, step_kind
+from onward.leases import Token
 
 
 class _Base(BaseModel):
@@ -139,7 +140,13 @@ async def _guarded(
     cost = connector.cost_estimate(params)
     automation = step.automation.id if step.automation else "*"
     budgeted = cost is not None and await budgets.reserve(
-        pool, org, automation, effect_key, cost=cost, lease=integ.budget_lease
+        pool,
+        org,
+        automation,
+        effect_key,
+        cost=cost,
+        lease=integ.budget_lease,
+        held=Token(org, step.run_id, step.seq, step.attempt),
     )
     try:
         limited = await limits.acquire(

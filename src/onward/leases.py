@@ -5,6 +5,8 @@
   was taken over, and its task must stop.
 * every ``settle_*`` writes only ``WHERE attempt = token AND status = 'running'``: a worker
   whose lease was taken over writes nothing (0 rows) and drops its result.
+* ``holds`` tells whether a token still holds its step, locking the row for the caller's
+  transaction (a write of another module fenced like a settle: a budget reservation).
 * ``release`` hands steps back at once at graceful shutdown; ``rescue_expired`` (the
   sweeper) makes steps whose lease lapsed ready again.
 
@@ -60,6 +62,13 @@ async def claim(
         Q.claim, {"lane": lane, "limit": limit, "worker": worker, "lease": lease}
     )
     return list(await cur.fetchall())
+
+
+async def holds(conn: Conn, token: Token) -> bool:
+    """Whether ``token`` still holds its step. Inside a transaction the step row stays locked
+    until it ends, so nothing the transaction writes outlives a takeover it raced."""
+    cur = await conn.execute(Q.hold, token.args())
+    return await cur.fetchone() is not None
 
 
 async def heartbeat(

@@ -34,6 +34,16 @@ SELECT c.*, now() AS db_now, r.automation_id, coalesce(c.step_version, r.version
        r.steps_executed >= r.max_steps AS over_steps, now() > r.deadline_at AS over_age
 FROM claimed c JOIN runs r ON r.org_id = c.org_id AND r.run_id = c.run_id;
 
+-- name: hold
+-- Whether this attempt still holds its step, with the step row locked (FOR SHARE) until the
+-- caller's transaction ends: no rescue or takeover moves the step on meanwhile, so what that
+-- transaction writes is written by the step's current holder or not at all (a budget
+-- reservation: budgets.reserve).
+SELECT true AS held FROM steps
+WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+  AND attempt = %(attempt)s AND status = 'running'
+FOR SHARE;
+
 -- name: heartbeat
 -- Extend the leases this worker still holds (each by its lane's lease), all in one statement. A step missing from the
 -- result was taken over (its attempt moved on) or finished: its task must stop at once.

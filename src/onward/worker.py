@@ -53,7 +53,7 @@ from onward.config import Settings
 from onward.crashpoints import crash_point
 from onward.db import Pool
 from onward.durations import parse_duration
-from onward.errors import UnknownAutomation
+from onward.errors import LeaseLost, UnknownAutomation
 from onward.kinds import KindSpec, Registry, StepContext
 from onward.leases import Token
 from onward.outbox import sleep_or
@@ -420,7 +420,7 @@ class Worker:
                 traceparent=row.get("traceparent"),
             ):
                 result = await self._call(spec, ctx, held, timeout)
-        except _LeaseLostError:
+        except (_LeaseLostError, LeaseLost):  # LeaseLost: a fenced write inside the kind
             self.stats.lost += 1
             metrics.lease_lost(row["lane"])
             log.info("step %s#%s: lease lost; its result is dropped", token.run_id, token.seq)

@@ -10,9 +10,11 @@ import httpx
 import psycopg
 import pytest
 
-from onward import Automation
+from onward import Automation, LeaseLost, budgets, ids, leases
 from onward.engine import Engine
+from onward.leases import Token
 from onward.sandbox import SandboxServer
+from onward.sweep import Sweeper
 from onward.testing import eventually, history
 
 pytestmark = pytest.mark.usefixtures("admin")  # every test starts on a clean sandbox
@@ -233,3 +235,39 @@ async def test_a_step_parked_behind_reservations_resumes_when_they_are_released(
         assert await engine.wait(run_id, timeout=30, or_parked=False) == "completed"
     (budget,) = await engine.budgets()
     assert float(budget["reserved"]) == 0 and 0 < float(budget["charged_today"]) <= 200
+
+
+async def test_a_stale_attempt_reserves_no_budget(
+    engine: Engine, sql: psycopg.Connection[Any]
+) -> None:
+    """A reservation is fenced like a settle: an attempt whose step was taken over (its worker
+    stalled past the lease) is refused with LeaseLost and writes no reservation -- one written
+    after the newer attempt had charged and freed the effect's would stay for ever. The
+    attempt that holds the step reserves."""
+    await engine.set_budget("*", "tokens", 100)
+    await engine.publish(Automation("fenced").step("one", "set", values={"x": "1"}).build())
+    run_id = (await engine.start("fenced", {}, event_id="f1")).run_id
+    async with engine.pool.connection() as conn:
+        (first,) = await leases.claim(conn, "fast", 10, "worker-a", 30.0)
+    old = Token(engine.org_id, run_id, first["seq"], first["attempt"])
+    sql.execute(
+        "UPDATE steps SET lease_until = now() - interval '1 s' WHERE run_id = %s", (run_id,)
+    )
+    assert await Sweeper(engine.pool, worker_id="sweeper").rescue() == 1
+    async with engine.pool.connection() as conn:
+        (second,) = await leases.claim(conn, "fast", 10, "worker-b", 30.0)
+    new = Token(engine.org_id, run_id, second["seq"], second["attempt"])
+    assert (old.attempt, new.attempt) == (1, 2)
+
+    key = ids.effect_key(run_id, "one", 1)
+    with pytest.raises(LeaseLost):
+        await budgets.reserve(
+            engine.pool, engine.org_id, "fenced", key, cost={"tokens": 10.0}, lease=30.0, held=old
+        )
+    assert sql.execute("SELECT count(*) AS n FROM budget_reservations").fetchone()["n"] == 0
+
+    assert await budgets.reserve(
+        engine.pool, engine.org_id, "fenced", key, cost={"tokens": 10.0}, lease=30.0, held=new
+    )
+    rows = sql.execute("SELECT effect_key, amount FROM budget_reservations").fetchall()
+    assert [(r["effect_key"], float(r["amount"])) for r in rows] == [(key, 10.0)]
