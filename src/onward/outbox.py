@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -70,6 +71,10 @@ class Relay:
         how many rows it took."""
         horizon = DELAY_HORIZON_S if self.queue.supports_delay else 0.0
         async with self.pool.connection() as conn, conn.transaction():
+            # after BEGIN, whose instant is the take's now(): each row's delay_s counts from
+            # there, so the time from here to the publish comes off it (below) -- never more,
+            # so a wake is never early
+            began = time.monotonic()
             cur = await conn.execute(Q.take_unsent, {"horizon": horizon, "limit": self.batch})
             rows = await cur.fetchall()
             if not rows:
@@ -85,6 +90,10 @@ class Relay:
                     ],
                     by="wake",
                 )
+            # a delayed wake due at deliver_at leaves with what remains of its delay now: a
+            # round slowed by a busy process (or a batch of timers fired above) would otherwise
+            # make every wake of it that much late
+            spent = time.monotonic() - began
             wakes = [
                 Wake(
                     job_id=r["job_id"],
@@ -92,7 +101,7 @@ class Relay:
                     lane=r["lane"],
                     org_id=r["org_id"],
                     payload=r["payload"],
-                    delay_s=r["delay_s"],
+                    delay_s=max(0.0, r["delay_s"] - spent) if r["delay_s"] else 0.0,
                 )
                 for r in rows
                 if not (fires and _timer_id(r) is not None)

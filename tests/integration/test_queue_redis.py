@@ -18,13 +18,17 @@ from typing import Any
 from urllib.parse import urlsplit
 from uuid import uuid4
 
+import psycopg
 import pytest
 import redis.asyncio as aioredis
 
+from onward.engine import Engine
 from onward.errors import QueueMisconfigured
 from onward.ids import step_wake_id, timer_wake_id
+from onward.outbox import Relay
 from onward.queue.base import Queue, Wake
 from onward.queue.redis import RedisQueue
+from onward.testing import eventually
 
 REDIS_URL = os.environ.get("ONWARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 Admin = aioredis.Redis
@@ -409,3 +413,42 @@ async def test_noop_cases(make_queue: MakeQueue) -> None:
             await q.consume([], lambda w: None)  # no lanes: waits until cancelled
     await q.close()
     await q.close()  # closing twice is harmless
+
+
+async def test_a_relay_round_held_up_after_its_take_publishes_the_delay_that_remains(
+    admin: Admin, make_queue: MakeQueue, engine: Engine, sql: psycopg.Connection[Any]
+) -> None:
+    """A delayed wake's delay counts from its round's now() (the transaction's start): a round
+    held up after it (here by a lock on the outbox; in life by a busy process) publishes what
+    remains of the delay, so the wake is due at its instant -- not that much later, and never
+    before it."""
+    q = make_queue()
+    row = sql.execute(
+        "INSERT INTO outbox (org_id, topic, job_id, lane, payload, deliver_at)"
+        " VALUES (%s, 'step', 'held-up', 'fast', '{}', now() + interval '3 s')"
+        " RETURNING deliver_at",
+        (engine.org_id,),
+    ).fetchone()
+    assert row is not None
+    due_ms = row["deliver_at"].timestamp() * 1000
+    relay = Relay(engine.pool, q)
+
+    async def held_up() -> bool:
+        waiting = sql.execute(
+            "SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8 AS s"
+            " FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        ).fetchone()
+        return waiting is not None and waiting["s"] >= 0.8
+
+    with psycopg.connect(sql.info.dsn) as blocker:
+        blocker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        round_ = asyncio.create_task(relay.run_once())
+        await eventually(held_up, timeout=10)
+        blocker.rollback()
+        assert await round_ == 1
+
+    delayed: list[Any] = await admin.zrange(q.delayed_key("fast"), 0, -1, withscores=True)
+    [(member, score)] = delayed
+    assert Wake.from_json(str(member)).job_id == "held-up"
+    # held up 0.8 s or more: published with the whole delay, it would be due that much late
+    assert due_ms - 2 <= float(score) < due_ms + 400
