@@ -34,12 +34,14 @@ from onward.errors import (
     BudgetExhausted,
     CircuitOpen,
     Deferred,
+    InvalidInput,
     NeedsReview,
     PermanentError,
     RateLimited,
     RunCancelled,
     StepError,
 )
+from onward.inputs import check_storable
 from onward.kinds import Advance, Registry, Wait
 
 #: What a step may wait on (steps.wait_kind of a waiting step).
@@ -231,17 +233,21 @@ def after_result(
             return Stop("failed", "failed", f"step {step.id}: cannot wait on {result.on!r}")
         if result.on == "signal" and not result.signals:
             return Stop("failed", "failed", f"step {step.id}: a signal wait names no signal")
+        try:
+            intent = _as_stored(result.intent, "the wait's intent")
+        except (TypeError, ValueError, InvalidInput) as exc:
+            return Stop("failed", "failed", f"step {step.id}: its wait is not JSON: {exc}")
         return WaitTimer(
             result.due_in,
-            _as_stored(result.intent),
+            intent,
             result.due_at,
             result.on,
             tuple(result.signals or ()),
         )
     adv = result if isinstance(result, Advance) else Advance(output=result)
     try:
-        output, new_vars = _as_stored(adv.output), _as_stored(adv.vars or {})
-    except (TypeError, ValueError) as exc:
+        output, new_vars = _as_stored(adv.output), _as_stored(adv.vars or {}, "the variables")
+    except (TypeError, ValueError, InvalidInput) as exc:
         return Stop("failed", "failed", f"step {step.id}: output is not JSON: {exc}")
     next_id = adv.next if adv.next is not None else step.next
     keep = reads is None or step.id in reads
@@ -311,14 +317,20 @@ def skipped_by_operator(wake: Mapping[str, Any] | None) -> Advance | None:
 _STORED = json.JSONEncoder(default=str, allow_nan=False)  # made once, not on every call
 
 
-def _as_stored(value: Any) -> Any:
-    """What the database will store, so the eager path sees exactly what a claim would."""
+def _as_stored(value: Any, what: str = "the output") -> Any:
+    """What the database will store, so the eager path sees exactly what a claim would.
+    ``InvalidInput`` for what jsonb cannot store (a ``\\u0000``, a lone surrogate): the step
+    fails by itself, never the batch statement that settles it with other runs' steps."""
     kind = type(value)
-    if value is None or kind is str or kind is int or kind is bool:
+    if value is None or kind is int or kind is bool:
         return value  # JSON as it is
     if kind is dict and not value:
         return {}
-    return jsoncodec.loads(_STORED.encode(value))  # read back as a claim reads it
+    text = _STORED.encode(value)  # ASCII: every NUL and surrogate written as \u escape
+    stored = jsoncodec.loads(text)  # read back as a claim reads it
+    if "\\u0000" in text or "\\ud" in text:  # maybe (an emoji is a surrogate pair): walk it
+        check_storable(stored, what)
+    return stored
 
 
 __all__ = [

@@ -16,6 +16,7 @@ import httpx
 import psycopg
 import pytest
 
+from onward import Automation, StepContext, step_kind
 from onward.automations.document import MAX_DOCUMENT_BYTES, load_file
 from onward.engine import Engine
 from onward.errors import InvalidAutomation
@@ -254,3 +255,50 @@ async def test_the_library_publish_refuses_a_bomb_before_expanding_it(engine: En
     document = yaml.safe_load(alias_bomb())
     with pytest.raises(InvalidAutomation, match="larger than 1048576 bytes once expanded"):
         await engine.publish(document)
+
+
+@step_kind("hostile.echo", lane="fast", replace=True)
+async def _echo(step: StepContext) -> dict[str, Any]:
+    return {"text": step.input["text"]}
+
+
+async def test_an_output_postgresql_cannot_store_fails_its_own_step_only(
+    engine: Engine, sql: Sql
+) -> None:
+    """A step whose output holds a ``\\u0000`` or a lone surrogate (jsonb cannot store either)
+    fails by itself with a reason naming it; the steps of other runs settled in the same
+    batch statement complete (one bad output must not fail the whole batch)."""
+    await engine.publish(
+        Automation("echo")
+        .step("echo", "hostile.echo")
+        .step("after", "set", values={"done": "true"})
+        .build()
+    )
+    bad = {
+        "nul": (await engine.start("echo", {"text": "ok"}, event_id="nul")).run_id,
+        "surrogate": (await engine.start("echo", {"text": "ok"}, event_id="sur")).run_id,
+    }
+    good = [
+        (await engine.start("echo", {"text": f"fine {i}"}, event_id=f"good-{i}")).run_id
+        for i in range(20)
+    ]
+    poison = {bad["nul"]: "a\x00b", bad["surrogate"]: "\ud800"}
+
+    @step_kind("hostile.echo", lane="fast", replace=True)
+    async def _poison(step: StepContext) -> dict[str, Any]:
+        return {"text": poison.get(step.run_id, step.input["text"])}
+
+    try:
+        async with engine.running():
+            for run_id in good:
+                assert await engine.wait(run_id, timeout=30) == "completed"
+            for run_id in bad.values():
+                assert await engine.wait(run_id, timeout=30) == "failed"
+    finally:
+        step_kind("hostile.echo", lane="fast", replace=True)(_echo)
+    nul = sql.execute("SELECT status_reason FROM runs WHERE run_id = %s", (bad["nul"],)).fetchone()
+    assert nul is not None and "\\u0000 (NUL)" in nul["status_reason"]
+    sur = sql.execute(
+        "SELECT status_reason FROM runs WHERE run_id = %s", (bad["surrogate"],)
+    ).fetchone()
+    assert sur is not None and "lone surrogate" in sur["status_reason"]
