@@ -524,6 +524,7 @@ CREATE TABLE outbox (
     CONSTRAINT outbox_pkey PRIMARY KEY (org_id, outbox_id)
 );
 CREATE INDEX outbox_unsent ON public.outbox USING btree (deliver_at, outbox_id) WHERE (sent_at IS NULL);
+ALTER TABLE outbox SET (fillfactor=50);
 ALTER TABLE outbox ENABLE ROW LEVEL SECURITY;
 ALTER TABLE outbox FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON outbox FOR ALL TO onward_engine USING (true) WITH CHECK (true);
