@@ -246,7 +246,10 @@ def after_result(
         )
     adv = result if isinstance(result, Advance) else Advance(output=result)
     try:
-        output, new_vars = _as_stored(adv.output), _as_stored(adv.vars or {}, "the variables")
+        output = _as_stored(adv.output)
+        # a `set` step's output is its variables (one dict): stored once, read twice
+        same = adv.vars is adv.output and isinstance(adv.vars, dict)
+        new_vars = output if same else _as_stored(adv.vars or {}, "the variables")
     except (TypeError, ValueError, InvalidInput) as exc:
         return Stop("failed", "failed", f"step {step.id}: output is not JSON: {exc}")
     next_id = adv.next if adv.next is not None else step.next

@@ -105,6 +105,16 @@ def test_advance_chooses_next_and_sets_vars() -> None:
     assert t == policy.Proceed("o", {"k": "v"}, policy.NextStep("c", "fast.kind", "io", 1))
 
 
+def test_one_dict_as_output_and_variables_is_stored_once_and_checked() -> None:
+    computed = {"when": datetime(2026, 1, 2, tzinfo=UTC), "n": 1}  # as a `set` step returns
+    t = result(Advance(output=computed, vars=computed, next="c"))
+    assert isinstance(t, policy.Proceed)
+    assert t.output == t.vars == {"when": "2026-01-02 00:00:00+00:00", "n": 1}  # as stored
+    bad = {"text": "a\u0000b"}
+    stopped = result(Advance(output=bad, vars=bad, next="c"))
+    assert isinstance(stopped, policy.Stop) and "output" in stopped.reason
+
+
 def test_lane_of_an_unregistered_next_kind_defaults_to_io() -> None:
     t = result(Advance(next="d"))
     assert isinstance(t, policy.Proceed)
