@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import resource
@@ -273,6 +274,10 @@ async def _worker(a: argparse.Namespace) -> None:
             integrations=engine.integrations,
         )
         svc.worker = worker
+        # as `onward worker` does once started (onward.cli._serve): what start-up made is
+        # frozen out of the collector's sight, so a collection walks only what steps made
+        gc.collect()
+        gc.freeze()
         _emit(
             "ready",
             lanes=lanes,
