@@ -231,6 +231,36 @@ async def test_delay_is_scored_by_redis_server_time(admin: Admin, make_queue: Ma
     assert before_ms + 300 <= float(score) <= after_ms + 300
 
 
+class SlowWake(Wake):
+    """A wake whose JSON takes a millisecond to write: a publish that is slow to build."""
+
+    def to_json(self) -> str:
+        time.sleep(0.001)
+        return super().to_json()
+
+
+async def test_a_batch_slow_to_build_is_scored_from_when_its_delays_were_measured(
+    admin: Admin, make_queue: MakeQueue
+) -> None:
+    # 600 delayed wakes, three scripts; building each takes ~0.26 s. Scored from each script's
+    # own Redis TIME, the last wakes would be due ~0.5 s after their instant; the time the
+    # publish spent is taken off, so every wake is due at its instant (and never before it).
+    q = make_queue()
+    sec, usec = await admin.time()
+    measured_ms = sec * 1000 + usec / 1000  # before the delays below are measured
+    await q.publish(
+        [
+            SlowWake(job_id=f"w{i}", topic="timer", lane="fast", org_id="org_1", delay_s=5.0)
+            for i in range(600)
+        ]
+    )
+    delayed: list[Any] = await admin.zrange(q.delayed_key("fast"), 0, -1, withscores=True)
+    scores = [float(score) for _, score in delayed]
+    assert len(scores) == 600
+    assert min(scores) >= measured_ms + 5000  # never early
+    assert max(scores) - (measured_ms + 5000) < 200  # the 0.5 s of building taken off
+
+
 async def test_delayed_wake_is_not_delivered_early(make_queue: MakeQueue, consume: Consume) -> None:
     q = make_queue()
     got = Collector()
