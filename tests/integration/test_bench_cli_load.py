@@ -77,9 +77,7 @@ def test_bench_storage_quick_measures_bytes_per_completed_run(db_url: str) -> No
 def test_bench_intake_quick_answers_every_delivery_with_one_commit(db_url: str) -> None:
     res = _bench(db_url, "intake", "--quick", "--json")
     assert res["api_processes"] == 2
-    # the unmeasured warm-up ran first (then ANALYZE), under the same consistency check
-    assert res["warm_s"] > 0 and res["warm"]["requests"] > 0, res
-    for phase in ("warm", "open", "paced"):
+    for phase in ("open", "paced"):
         r = res[phase]
         assert r["consistent"], r  # every answer 2xx, at most one run per event id
         assert r["requests"] > 0 and r["per_s"] > 0

@@ -5,13 +5,6 @@ measures both. Here the load comes from ``wrk`` (C, Debian's package ``wrk``), w
 machine a small share of what the server does, against ``onward api --workers N`` -- the
 command users run, in its own processes. One sitting, on a scratch database, no worker running:
 
-0. **warm-up**, unmeasured: ``WARM_S`` of the open load, then ``ANALYZE``. The phases measure
-   an organisation whose tables have statistics, as autovacuum gives them within a minute of
-   the first rows. Without them, each API connection's cached generic plan of the start
-   statement, made while ``runs`` was empty, finds a duplicate's earlier run by scanning the
-   organisation's runs (``runs_page_by_automation``, one buffer a run) instead of probing its
-   start key: about 1,900 buffers a start on average over a 10-s phase, against 28 after, and
-   four fifths of the requests/s. (``warm=False`` measures that first minute.)
 1. **open throttle**: ``connections`` keep-alive connections post ``POST /v1/hooks/{automation}``
    with an API key for ``seconds``; every event id is sent twice (the second a duplicate
    delivery, often racing its original on another connection): each must be answered 2xx and
@@ -344,8 +337,6 @@ def _wrk(
 #: how long a PostgreSQL 15 backend may hold its statistics after going idle
 #: (PGSTAT_IDLE_INTERVAL): the API's start-up must be counted before the clock starts
 STATS_IDLE_S = 10.5
-#: the unmeasured warm-up before the phases (then ANALYZE): see the module's docstring
-WARM_S = 2.0
 
 
 def run(
@@ -356,32 +347,22 @@ def run(
     seconds: float | None = None,
     connections: int | None = None,
     rate: int | None = None,
-    warm: bool = True,
 ) -> dict[str, Any]:
     """``workers``: API processes (``onward api --workers``); ``rate``: the paced phase's
-    requests/s; ``warm``: the warm-up and ANALYZE first (False: a fresh database's figures)."""
+    requests/s."""
     if find_wrk() is None:
         raise RuntimeError("wrk not found: install Debian's package wrk (apt-get install wrk)")
     w = workers or 2
     secs = seconds or (2.0 if quick else 10.0)
     conns = connections or (8 if quick else 32)
     paced_rate = rate or (100 if quick else 500)
-    res: dict[str, Any] = {
-        "bench": "intake", "api_processes": w, "seconds": secs, "warm_s": WARM_S if warm else 0,
-    }  # fmt: skip
+    res: dict[str, Any] = {"bench": "intake", "api_processes": w, "seconds": secs}
     with scratch_database(admin_url, "intake") as url:
         key = asyncio.run(_prepare(url))
         port = free_port()
         api = _start_api(url, port, w)
         try:
             pids = [api.pid, *child_pids(api.pid)]
-            if warm:
-                res["warm"] = _wrk(
-                    url, port, key, pids, tag="warm", seconds=WARM_S, connections=conns,
-                    threads=2,
-                )  # fmt: skip
-                with psycopg.connect(url, autocommit=True) as conn:
-                    conn.execute("ANALYZE")  # what autovacuum does within its first minute
             time.sleep(STATS_IDLE_S)  # the API's start-up statements counted before db0
             db0 = db_counters(url)
             res["open"] = _wrk(
@@ -411,18 +392,11 @@ def run(
 def render(res: dict[str, Any]) -> str:
     lines = [
         f"webhook starts over HTTP, half duplicates, {res['api_processes']} API processes "
-        f"(onward api --workers), load from wrk, {res['seconds']:g} s a phase"
-        + (
-            f" after a {res['warm_s']:g}-s warm-up (unmeasured) and ANALYZE"
-            if res.get("warm_s")
-            else ""
-        ),
+        f"(onward api --workers), load from wrk, {res['seconds']:g} s a phase",
         f"{'phase':<8} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
         f"{'api ms':>7} {'pg ms':>6} {'load ms':>7} {'busy':>5}  consistent",
     ]
-    for name in ("warm", "open", "paced"):
-        if name not in res:
-            continue
+    for name in ("open", "paced"):
         r = res[name]
         lines.append(
             f"{name:<8} {r['per_s']:>8.1f} {r['latency_ms_p50']:>7.2f} {r['latency_ms_p99']:>7.2f} "
