@@ -48,6 +48,12 @@ def _env_int(name: str, default: int) -> int:
     return int(_env_float(name, default))
 
 
+def env_start_batches() -> int:
+    """``ONWARD_START_BATCHES`` (``Settings.start_batches``), for the benchmarks that build
+    their own settings and should measure the engine as configured."""
+    return _env_int("ONWARD_START_BATCHES", 4)
+
+
 def _env_port(name: str) -> int | None:
     return _env_int(name, 0) if os.environ.get(name) else None
 
@@ -87,6 +93,10 @@ class Settings:
     redis_take_batch: int = 100
     shutdown_grace_seconds: float = 10.0
     max_payload_bytes: int = 256 * 1024
+    #: concurrent ``Engine.start`` calls of one organisation are written together, one
+    #: statement for every start waiting, with at most this many statements in flight at once
+    #: (onward.start.StartBatcher); 0: each start its own statement (``start_run``)
+    start_batches: int = 4
     default_max_steps: int = 1000
     default_max_age_seconds: float = 30 * 86400.0
     #: signs approval buttons' tokens; None: a secret the engine keeps in its database
@@ -147,6 +157,7 @@ class Settings:
             redis_take_batch=_env_int("ONWARD_REDIS_TAKE_BATCH", 100),
             shutdown_grace_seconds=_env_float("ONWARD_SHUTDOWN_GRACE_SECONDS", 10.0),
             max_payload_bytes=_env_int("ONWARD_MAX_PAYLOAD_BYTES", 256 * 1024),
+            start_batches=env_start_batches(),
             signing_secret=os.environ.get("ONWARD_SIGNING_SECRET") or None,
             lane_policy=os.environ.get("ONWARD_LANE_POLICY") or None,
             budget_lease_seconds=_env_float("ONWARD_BUDGET_LEASE_SECONDS", 120.0),
@@ -186,6 +197,10 @@ class Settings:
             raise ConfigError(
                 f"ONWARD_RETENTION_DAYS={self.retention_days:g}: between 1 and 36525 days, "
                 "or forever"
+            )
+        if not 0 <= self.start_batches <= 64:
+            raise ConfigError(
+                f"ONWARD_START_BATCHES={self.start_batches}: 0 (each start alone) to 64"
             )
         if self.intake_limit < 0 or not 1 <= self.intake_window_seconds <= 3600:
             raise ConfigError(

@@ -50,7 +50,7 @@ from onward.kinds import Registry
 from onward.kinds import registry as default_registry
 from onward.outbox import Relay
 from onward.queue import Queue, make_queue
-from onward.start import Start, Started, start_many, start_run
+from onward.start import Start, StartBatcher, Started, prepare, start_many, write_one
 from onward.sweep import Sweeper
 from onward.worker import Worker, new_worker_id
 
@@ -104,6 +104,10 @@ class Engine:
             max_seconds=settings.outbound_max_seconds,
         )
         self._driving: set[asyncio.Task[Any]] = set()  # operations driven in this process
+        # concurrent starts written together, and intake requests counted together, per
+        # organisation and pool (onward.start, onward.intake, onward.batching)
+        self._batchers: dict[tuple[str, int], StartBatcher] = {}
+        self._admitters: dict[tuple[str, int], intake_ops.Admitter] = {}
         # A notification written in this process wakes its delivery relay at once (a hint: the
         # relay polls anyway, and any process's relay may deliver it).
         self._notify_kick = asyncio.Event()
@@ -178,10 +182,10 @@ class Engine:
         traceparent: str | None = None,
     ) -> Started:
         """Start a run (R1: a repeated start key answers the first run, ``created`` False).
-        ``traceparent``: a W3C trace context the run's steps continue (``onward.tracing``)."""
-        return await start_run(
-            self.pool,
-            self.org_id,
+        ``traceparent``: a W3C trace context the run's steps continue (``onward.tracing``).
+        Concurrent starts are written together (``onward.start.StartBatcher``,
+        ``ONWARD_START_BATCHES``), each with its own answer."""
+        p = prepare(
             automation_id,
             payload or {},
             event_id=event_id,
@@ -189,10 +193,17 @@ class Engine:
             version=version,
             contact_id=contact_id,
             max_payload_bytes=self.settings.max_payload_bytes,
-            registry=self.registry,
-            versions=self.versions,
             traceparent=traceparent,
         )
+        if self.settings.start_batches > 0:
+            slot = (self.org_id, id(getattr(self.pool, "base", self.pool)))  # a view: its pool
+            b = self._batchers.get(slot)
+            if b is None:
+                b = self._batchers[slot] = StartBatcher(
+                    self.pool, self.org_id, self.settings.start_batches
+                )
+            return await b.start(p)
+        return await write_one(self.pool, self.org_id, p)
 
     async def start_many(
         self, starts: Sequence[Start | Mapping[str, Any]], *, traceparent: str | None = None
@@ -930,6 +941,30 @@ class Engine:
         return view
 
     # -- signed intake (issue 14, onward.intake) ------------------------------------------------
+    async def admit_intake(self) -> None:
+        """Count one intake request of this organisation: ``IntakeLimited`` past
+        ``ONWARD_INTAKE_LIMIT`` in the window (``onward.intake.admit``); concurrent requests
+        are counted together (``onward.intake.Admitter``), each answered as if alone."""
+        s = self.settings
+        if s.intake_limit <= 0:
+            return
+        if s.start_batches <= 0:
+            await intake_ops.admit(
+                self.pool, self.org_id, limit=s.intake_limit, window_s=s.intake_window_seconds
+            )
+            return
+        key = (self.org_id, id(getattr(self.pool, "base", self.pool)))
+        admitter = self._admitters.get(key)
+        if admitter is None:
+            admitter = self._admitters[key] = intake_ops.Admitter(
+                self.pool,
+                self.org_id,
+                limit=s.intake_limit,
+                window_s=s.intake_window_seconds,
+                in_flight=s.start_batches,
+            )
+        await admitter.admit()
+
     async def add_hook_secret(
         self, automation_id: str, secret: str | None = None
     ) -> dict[str, Any]:

@@ -18,7 +18,8 @@ once, when it is added; lists show only its id.
 **Rate.** Every intake request counts in its organisation's fixed window (``intake_windows``,
 database time, ``Settings.intake_window_seconds``); over ``Settings.intake_limit`` requests in
 a window it is refused with :class:`~onward.errors.IntakeLimited` (429, ``Retry-After``: the
-seconds left in the window). ``onward.limits`` does not fit: its slots and bookings pace steps'
+seconds left in the window). A process counts its concurrent requests together (:class:`Admitter`:
+one upsert for all that wait while the last one runs). ``onward.limits`` does not fit: its slots and bookings pace steps'
 outside calls by run, step and attempt, and a refused HTTP request has none of those. A fixed
 window in PostgreSQL is one upsert per request and is shared by every API process.
 """
@@ -34,6 +35,7 @@ from typing import Any
 from standardwebhooks import Webhook
 
 from onward import cache, vault
+from onward.batching import Coalescer
 from onward.cache import Recent
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -229,9 +231,46 @@ async def admit(pool: Pool, org_id: str, *, limit: int, window_s: int) -> None:
     current window (``limit`` 0: no limit, nothing counted)."""
     if limit <= 0:
         return
+    (answer,) = await _count(pool, org_id, 1, limit=limit, window_s=window_s)
+    if answer is not None:
+        raise answer
+
+
+async def _count(
+    pool: Pool, org_id: str, n: int, *, limit: int, window_s: int
+) -> list[IntakeLimited | None]:
+    """Count ``n`` requests in one statement; answer each, in order: None (admitted) or its
+    refusal -- the k-th of them is the window's (count before + k)-th request."""
+    args = {"org_id": org_id, "window_s": float(window_s), "n": n}
     async with pool.connection() as conn:
-        cur = await conn.execute(Q.count_request, {"org_id": org_id, "window_s": float(window_s)})
-        row = await cur.fetchone()
+        row = await (await conn.execute(Q.count_request, args)).fetchone()
     assert row is not None
-    if row["requests"] > limit:
-        raise IntakeLimited(limit, window_s, max(1.0, math.ceil(row["seconds_left"])))
+    before = row["requests"] - n
+    retry = max(1.0, math.ceil(row["seconds_left"]))
+    return [
+        IntakeLimited(limit, window_s, retry) if before + k > limit else None
+        for k in range(1, n + 1)
+    ]
+
+
+class Admitter:
+    """:func:`admit` for the concurrent intake requests of one organisation, counted together
+    (``onward.batching.Coalescer``, ``ONWARD_START_BATCHES`` statements in flight): one upsert
+    of the window's row for every request waiting, instead of one each queueing on that row's
+    lock. Each request is admitted or refused exactly as if counted alone, in arrival order."""
+
+    def __init__(self, pool: Pool, org_id: str, *, limit: int, window_s: int, in_flight: int):
+        self.pool, self.org_id, self.limit, self.window_s = pool, org_id, limit, window_s
+        self._coalescer: Coalescer[None, None] = Coalescer(
+            self._write, in_flight=in_flight, max_items=10_000
+        )
+
+    async def admit(self) -> None:
+        if self.limit > 0:
+            await self._coalescer.submit(None)
+
+    async def _write(self, batch: list[None]) -> list[Exception | None]:
+        answers = await _count(
+            self.pool, self.org_id, len(batch), limit=self.limit, window_s=self.window_s
+        )
+        return list(answers)

@@ -29,8 +29,9 @@ WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND secret_id = 
 RETURNING secret_id;
 
 -- name: count_request
--- Count one intake request in the organisation's current fixed window (database time); answer
--- the count and the seconds left in the window. Windows before the previous one are deleted.
+-- Count n intake requests (one, or those intake.Admitter gathered) in the organisation's
+-- current fixed window (database time); answer the count with them and the seconds left in the
+-- window. Windows before the previous one are deleted.
 WITH win AS (
     SELECT to_timestamp(floor(extract(epoch FROM now()) / %(window_s)s) * %(window_s)s) AS start
 ),
@@ -40,8 +41,8 @@ gone AS (
       AND window_start < (SELECT start FROM win) - make_interval(secs => %(window_s)s)
 )
 INSERT INTO intake_windows AS w (org_id, window_start, requests)
-SELECT %(org_id)s, start, 1 FROM win
-ON CONFLICT (org_id, window_start) DO UPDATE SET requests = w.requests + 1
+SELECT %(org_id)s, start, %(n)s FROM win
+ON CONFLICT (org_id, window_start) DO UPDATE SET requests = w.requests + %(n)s
 RETURNING requests,
           extract(epoch FROM w.window_start + make_interval(secs => %(window_s)s) - now())::float8
               AS seconds_left;

@@ -17,8 +17,9 @@ from psycopg.types.json import Jsonb
 
 from onward import audit, erasure, ids, metrics, tracing
 from onward.automations.versions import VersionCache
+from onward.batching import Coalescer, outcome
 from onward.crashpoints import crash_point
-from onward.db import Pool
+from onward.db import Conn, Pool, is_connection_error
 from onward.db.sql import Queries
 from onward.errors import ContactErased, InvalidInput, PayloadTooLarge, UnknownAutomation
 from onward.inputs import check_storable, check_text
@@ -96,6 +97,47 @@ def start_key_kind(event_id: str | None, key: str | None) -> str:
     return "caller" if key else "event" if event_id else "payload_hash"
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One start, checked and keyed, not yet written (``prepare``)."""
+
+    automation_id: str
+    payload: dict[str, Any]
+    text: str  # the payload as the JSON _checked measured
+    start_key: str
+    start_key_kind: str
+    version: int | None
+    contact_id: str | None
+    traceparent: str | None  # a valid W3C trace context, or None
+
+
+def prepare(
+    automation_id: str,
+    payload: dict[str, Any],
+    *,
+    event_id: str | None = None,
+    key: str | None = None,
+    version: int | None = None,
+    contact_id: str | None = None,
+    max_payload_bytes: int = 256 * 1024,
+    traceparent: str | None = None,
+) -> Prepared:
+    """Check a start and make its start key, before anything is written: what is refused here
+    (``InvalidInput``, ``PayloadTooLarge``) is refused alone, whoever else is starting."""
+    text = _checked(automation_id, payload, event_id, key, version, contact_id, max_payload_bytes)
+    start_key, kind = start_key_for(automation_id, payload, event_id, key)
+    return Prepared(
+        automation_id,
+        payload,
+        text,
+        start_key,
+        kind,
+        version,
+        contact_id,
+        tracing.valid_traceparent(traceparent),
+    )
+
+
 async def start_run(
     pool: Pool,
     org_id: str,
@@ -117,42 +159,60 @@ async def start_run(
     that pass them; the version's first step was resolved when it was published.
     ``traceparent``: the W3C trace context of the request that asked for the run, kept so its
     steps continue that trace (``onward.tracing``; an invalid one is ignored)."""
-    text = _checked(automation_id, payload, event_id, key, version, contact_id, max_payload_bytes)
-    start_key, kind = start_key_for(automation_id, payload, event_id, key)
+    p = prepare(
+        automation_id,
+        payload,
+        event_id=event_id,
+        key=key,
+        version=version,
+        contact_id=contact_id,
+        max_payload_bytes=max_payload_bytes,
+        traceparent=traceparent,
+    )
+    return await write_one(pool, org_id, p)
+
+
+async def write_one(pool: Pool, org_id: str, p: Prepared) -> Started:
+    """Write one prepared start (``start.sql start_run``); ``start_run`` is ``prepare`` and
+    this."""
     args = {
         "org_id": org_id,
         "run_id": ids.new_run_id(),
-        "automation_id": automation_id,
-        "version": version,
-        "start_key": start_key,
-        "start_key_kind": kind,
-        "input": Jsonb(payload, dumps=lambda _: text),  # the JSON _checked measured, not again
-        "contact_id": contact_id,
-        "traceparent": tracing.valid_traceparent(traceparent),
+        "automation_id": p.automation_id,
+        "version": p.version,
+        "start_key": p.start_key,
+        "start_key_kind": p.start_key_kind,
+        "input": Jsonb(p.payload, dumps=lambda _: p.text),  # the JSON _checked measured
+        "contact_id": p.contact_id,
+        "traceparent": p.traceparent,
     }
     async with pool.connection() as conn:
-        if contact_id is None:
+        if p.contact_id is None:
             row = await (await conn.execute(Q.start_run, args)).fetchone()
         else:  # refused if the contact was erased; ordered with an erasure by its lock
             async with conn.transaction():
-                await erasure.check_start(conn, org_id, contact_id)
+                await erasure.check_start(conn, org_id, p.contact_id)
                 row = await (await conn.execute(Q.start_run, args)).fetchone()
         if row is not None and row["created"]:
             crash_point("start.after_commit")
             metrics.run_started(True)
-            return Started(row["run_id"], True, start_key)
+            return Started(row["run_id"], True, p.start_key)
         if row is not None:  # a duplicate, recorded by the same statement
             metrics.run_started(False)
-            return Started(row["run_id"], False, start_key)
+            return Started(row["run_id"], False, p.start_key)
         # Conflict with a run committed while the statement ran (a fresh statement sees it), or
         # no such automation or version.
-        cur = await conn.execute(Q.find_duplicate, {"org_id": org_id, "start_key": start_key})
+        cur = await conn.execute(Q.find_duplicate, {"org_id": org_id, "start_key": p.start_key})
         dup = await cur.fetchone()
     if dup is None:
-        what = f"version {version} of " if version else ""
-        raise UnknownAutomation(f"no published {what}automation {automation_id!r} in {org_id!r}")
+        raise _unknown(org_id, p)
     metrics.run_started(False)
-    return Started(dup["run_id"], False, start_key)
+    return Started(dup["run_id"], False, p.start_key)
+
+
+def _unknown(org_id: str, p: Prepared) -> UnknownAutomation:
+    what = f"version {p.version} of " if p.version else ""
+    return UnknownAutomation(f"no published {what}automation {p.automation_id!r} in {org_id!r}")
 
 
 # -- batches ---------------------------------------------------------------------------------
@@ -197,6 +257,27 @@ def _item_error(i: int, exc: Exception) -> InvalidInput:
     return InvalidInput(f"starts[{i}]: {exc}")
 
 
+def _items_json(prepared: Sequence[Prepared]) -> str:
+    """``start.sql start_many``'s items: one JSON array, each start with its index, a new run
+    id, its key and its payload as ``prepare`` measured it (not encoded again)."""
+    items = []
+    for i, p in enumerate(prepared):
+        head = json.dumps(
+            {
+                "idx": i,
+                "run_id": ids.new_run_id(),
+                "automation_id": p.automation_id,
+                "version": p.version,
+                "start_key": p.start_key,
+                "start_key_kind": p.start_key_kind,
+                "contact_id": p.contact_id,
+                "traceparent": p.traceparent,
+            }
+        )
+        items.append(f'{head[:-1]}, "input": {p.text}}}')
+    return "[" + ",".join(items) + "]"
+
+
 async def start_many(
     pool: Pool,
     org_id: str,
@@ -221,46 +302,33 @@ async def start_many(
         raise InvalidInput("starts: a list of starts")
     if not 1 <= len(starts) <= MAX_BATCH:
         raise InvalidInput(f"starts: 1 to {MAX_BATCH} starts in a batch ({len(starts)} given)")
-    items: list[str] = []
-    keys: list[str] = []
+    prepared: list[Prepared] = []
     contacts: dict[str, int] = {}  # contact id -> the first start naming it
     total = 0
     for i, raw in enumerate(starts):
         try:
             s = _as_start(raw, i)
-            text = _checked(
+            p = prepare(
                 s.automation_id,
                 s.payload,
-                s.event_id,
-                s.key,
-                s.version,
-                s.contact_id,
-                max_payload_bytes,
+                event_id=s.event_id,
+                key=s.key,
+                version=s.version,
+                contact_id=s.contact_id,
+                max_payload_bytes=max_payload_bytes,
             )
         except (InvalidInput, PayloadTooLarge, TypeError) as exc:
             raise _item_error(i, exc) from None
-        total += len(text)
+        total += len(p.text)
         if total > MAX_BATCH_BYTES:
             raise InvalidInput(f"starts: the payloads hold more than {MAX_BATCH_BYTES} bytes")
-        start_key, kind = start_key_for(s.automation_id, s.payload, s.event_id, s.key)
-        keys.append(start_key)
+        prepared.append(p)
         if s.contact_id is not None:
             contacts.setdefault(s.contact_id, i)
-        head = json.dumps(
-            {
-                "idx": i,
-                "run_id": ids.new_run_id(),
-                "automation_id": s.automation_id,
-                "version": s.version,
-                "start_key": start_key,
-                "start_key_kind": kind,
-                "contact_id": s.contact_id,
-            }
-        )
-        items.append(f'{head[:-1]}, "input": {text}}}')
+    keys = [p.start_key for p in prepared]
     args = {
         "org_id": org_id,
-        "items": "[" + ",".join(items) + "]",
+        "items": _items_json(prepared),
         "traceparent": tracing.valid_traceparent(traceparent),
     }
     async with pool.connection() as conn:
@@ -308,6 +376,113 @@ async def start_many(
     for a in done:
         metrics.run_started(a.created)
     return done
+
+
+# -- concurrent starts, written together ------------------------------------------------------
+
+#: The most payload bytes ``StartBatcher`` puts in one statement (at least one start a statement).
+BATCHER_MAX_BYTES = 8 * 1024 * 1024
+
+
+class StartBatcher:
+    """The concurrent starts of one organisation through one pool, written together
+    (``onward.batching.Coalescer``): while fewer than ``in_flight`` of its statements run, the
+    starts waiting are sent at once -- one alone as ``start.sql start_run``, several (up to
+    ``MAX_BATCH``) as one ``start.sql start_many`` and one commit (``Engine.start``,
+    ``ONWARD_START_BATCHES``).
+
+    Each caller gets the answer ``start_run`` would have given it alone: a start naming no
+    published automation, or an erased contact, is refused alone and the others of its
+    statement are written (``_write_many``); any other failure of a statement is tried again
+    start by start, so an error reaches the start that caused it (a lost connection reaches
+    each, and each caller decides, as with ``start_run``). A start is durable when its
+    statement commits, as ``start_run``'s: the crash point ``start.after_commit`` is the same.
+    """
+
+    def __init__(self, pool: Pool, org_id: str, in_flight: int) -> None:
+        self.pool, self.org_id, self.in_flight = pool, org_id, in_flight
+        self._coalescer: Coalescer[Prepared, Started] = Coalescer(
+            self._write,
+            in_flight=in_flight,
+            max_items=MAX_BATCH,
+            weight=lambda p: len(p.text),
+            max_weight=BATCHER_MAX_BYTES,
+        )
+
+    async def start(self, p: Prepared) -> Started:
+        return await self._coalescer.submit(p)
+
+    async def _write(self, batch: list[Prepared]) -> list[Started | Exception]:
+        if len(batch) == 1:
+            return [await outcome(write_one(self.pool, self.org_id, batch[0]))]
+        try:
+            return await self._write_many(batch)
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise
+            # one start's fault (or the statement's): each start alone, its own answer
+            return [await outcome(write_one(self.pool, self.org_id, p)) for p in batch]
+
+    async def _write_many(self, prepared: list[Prepared]) -> list[Started | Exception]:
+        """One ``start.sql start_many`` for these starts, after refusing alone those naming an
+        erased contact (their locks held until it commits) -- and again without those naming
+        no published automation, if any did (that statement wrote nothing)."""
+        org_id = self.org_id
+        out: dict[int, Started | Exception] = {}
+        todo = list(range(len(prepared)))
+        async with self.pool.connection() as conn:
+            while todo:
+                contacts = {c for i in todo if (c := prepared[i].contact_id) is not None}
+                if not contacts:
+                    rows = await self._statement(conn, [prepared[i] for i in todo])
+                else:  # refused if a contact was erased; ordered with an erasure by its lock
+                    async with conn.transaction():
+                        erased = await erasure.check_starts(conn, org_id, contacts)
+                        for i in todo:
+                            if prepared[i].contact_id in erased:
+                                out[i] = ContactErased(org_id, prepared[i].contact_id or "")
+                        todo = [i for i in todo if i not in out]
+                        if not todo:
+                            break
+                        rows = await self._statement(conn, [prepared[i] for i in todo])
+                unknown = [todo[row["idx"]] for row in rows if row["unknown"]]
+                if unknown:  # nothing was written: again without them
+                    for i in unknown:
+                        out[i] = _unknown(org_id, prepared[i])
+                    todo = [i for i in todo if i not in out]
+                    continue
+                crash_point("start.after_commit")
+                leftover: list[int] = []
+                for row in rows:
+                    i = todo[row["idx"]]
+                    if row["run_id"] is None:
+                        leftover.append(i)
+                    else:
+                        out[i] = Started(row["run_id"], row["created"], prepared[i].start_key)
+                if leftover:
+                    # committed by another transaction after this statement's snapshot began
+                    wanted = [prepared[i].start_key for i in leftover]
+                    cur = await conn.execute(
+                        Q.find_duplicates, {"org_id": org_id, "start_keys": wanted}
+                    )
+                    found = {row["start_key"]: row["run_id"] for row in await cur.fetchall()}
+                    for i in leftover:
+                        key = prepared[i].start_key
+                        out[i] = (
+                            Started(found[key], False, key)
+                            if key in found
+                            else UnknownAutomation(f"the run of start key {key!r} is gone")
+                        )
+                break
+        answers = [out[i] for i in range(len(prepared))]
+        for a in answers:
+            if isinstance(a, Started):
+                metrics.run_started(a.created)
+        return answers
+
+    async def _statement(self, conn: Conn, prepared: list[Prepared]) -> list[Any]:
+        args = {"org_id": self.org_id, "items": _items_json(prepared), "traceparent": None}
+        return await (await conn.execute(Q.start_many, args)).fetchall()
 
 
 @dataclass(frozen=True)

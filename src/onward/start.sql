@@ -80,8 +80,10 @@ h AS (
 SELECT run_id FROM r;
 
 -- name: start_many
--- start_run for a batch (Engine.start_many), in one statement: items, one jsonb array in
--- request order (idx), each with its run id, start key and input already made. Every item
+-- start_run for a batch (Engine.start_many, and concurrent Engine.start calls written together
+-- by start.StartBatcher), in one statement: items, one jsonb array in request order (idx),
+-- each with its run id, start key and input already made (and its own traceparent, or the
+-- batch's). Every item
 -- names a published version -- or its start key exists already -- or nothing is written and
 -- the items that do not are answered `unknown`. The first item of each new start key makes its
 -- run, first step, wake and history as start_run does; the others answer a run that existed
@@ -92,10 +94,10 @@ SELECT run_id FROM r;
 -- committed after this statement's snapshot) is found by find_duplicates.
 WITH item AS (
     SELECT i.idx, i.run_id, i.automation_id, i.version AS asked, i.start_key, i.start_key_kind,
-           i.input, i.contact_id
+           i.input, i.contact_id, i.traceparent
     FROM jsonb_to_recordset(%(items)s::jsonb)
          AS i(idx int, run_id text, automation_id text, version int, start_key text,
-              start_key_kind text, input jsonb, contact_id text)
+              start_key_kind text, input jsonb, contact_id text, traceparent text)
 ),
 v AS (
     -- each item with its version (latest, or the one asked for); version NULL: none such
@@ -146,7 +148,7 @@ run AS (
     SELECT %(org_id)s, f.run_id, f.automation_id, f.version, f.start_key, f.start_key_kind,
            'active', f.input, '{"vars": {}, "steps": {}}', jsonb_build_object(f.start_step_id, 1),
            1, f.max_steps, now() + make_interval(secs => f.max_age_s), f.contact_id,
-           %(traceparent)s::text
+           coalesce(f.traceparent, %(traceparent)s::text)
     FROM first f
     ORDER BY f.start_key
     ON CONFLICT (org_id, start_key) DO NOTHING

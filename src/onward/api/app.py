@@ -841,14 +841,7 @@ def create_app(engine: Engine | None = None, *, lifespan: Any = None) -> FastAPI
         if settings.intake_limit > 0:
             # repeated once after a lost connection (a restart): counting a request twice in
             # its window only brings its limit a request nearer
-            await org.read(
-                lambda: intake_ops.admit(
-                    pool,
-                    org_id,
-                    limit=settings.intake_limit,
-                    window_s=settings.intake_window_seconds,
-                )
-            )
+            await org.read(org.engine.admit_intake)
         if not signed:
             await verify()
         payload = parse_json(raw, "body") if raw.strip() else {}

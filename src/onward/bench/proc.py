@@ -49,8 +49,9 @@ def _cpu_s() -> float:
 
 
 def _settings(url: str, org: str, queue: str = "postgres", **kw: Any) -> Any:
-    from onward.config import Settings
+    from onward.config import Settings, env_start_batches
 
+    kw.setdefault("start_batches", env_start_batches())
     return Settings(database_url=url, org_id=org, queue=queue, **kw)
 
 

@@ -55,7 +55,7 @@ from onward.bench.ceiling import (
 from onward.bench.db import scratch_database
 from onward.bench.proc import Child, warm_pool
 from onward.bench.throughput import AUTOMATION, FLOW
-from onward.config import Settings
+from onward.config import Settings, env_start_batches
 from onward.engine import Engine
 from onward.start import Q as START_Q
 from onward.start import Start
@@ -64,7 +64,9 @@ ORG = "bench"
 
 
 def _settings(url: str) -> Settings:
-    return Settings(database_url=url, org_id=ORG, queue="postgres")
+    return Settings(
+        database_url=url, org_id=ORG, queue="postgres", start_batches=env_start_batches()
+    )
 
 
 def _figures(

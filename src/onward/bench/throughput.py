@@ -61,7 +61,7 @@ from onward.bench.ceiling import (
 )
 from onward.bench.db import scratch_database
 from onward.bench.proc import Child, warm_pool
-from onward.config import Settings
+from onward.config import Settings, env_start_batches
 from onward.engine import Engine
 from onward.start import Q as START_Q
 
@@ -80,7 +80,9 @@ CURVE_CONNECTIONS = 32  # pool connections of all the workers of a curve point t
 
 
 def _settings(url: str, org: str) -> Settings:
-    return Settings(database_url=url, org_id=org, queue="postgres")
+    return Settings(
+        database_url=url, org_id=org, queue="postgres", start_batches=env_start_batches()
+    )
 
 
 # -- starting runs through the library ---------------------------------------------------------

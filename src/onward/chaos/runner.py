@@ -13,7 +13,8 @@ Processes (each with its own ``application_name``):
 * ``workers`` worker slots (worker + outbox relay), every wake delivered twice and out of order;
 * one leader slot (worker + relay + the only sweeper candidate), its clock skewed by five
   minutes with libfaketime when installed: it rescues leases, so an early theft would show;
-* one starter, fed batches of start events (each delivered twice, like a webhook);
+* one starter, fed batches of start events (each delivered twice, like a webhook; 20 at once,
+  so concurrent starts are written together);
 * one engine API (``onward api`` on a port chosen at the start, kept by every restart), where
   the sandbox sends the Slack clicks (``/v1/slack/slack/interactivity``, signed) and Maya's
   replies (``/v1/inbound/email``, the API key as the URL's Basic user info). It is the process

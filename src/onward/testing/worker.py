@@ -23,7 +23,8 @@ counters: ``lost`` counts settles refused by the fence) and ``stopped``, and exi
 
 ``starter`` reads lines ``FIRST LAST`` on stdin and delivers the start events
 ``evt-FIRST .. evt-(LAST-1)`` of the chaos scenario (:mod:`onward.chaos.scenario`), each one
-TWICE (webhooks redeliver), naming the payload's contact. It prints ``started <i> <run_id>
+TWICE (webhooks redeliver), naming the payload's contact, ``STARTER_CHUNK`` events at once (so
+the engine writes concurrent starts together). It prints ``started <i> <run_id>
 new|dup`` for the first delivery of each (``erased <i>`` when a redelivery is refused because
 the runner erased the contact meanwhile), and ``batch <LAST>`` after each batch; EOF ends it.
 
@@ -287,9 +288,25 @@ async def _deliver(engine: Engine, automation: str, data: dict[str, Any], event:
             await asyncio.sleep(0.2)
 
 
-async def run_starter(args: argparse.Namespace) -> None:
+STARTER_CHUNK = 20
+
+
+async def _deliver_twice(engine: Engine, i: int) -> None:
+    """Start event ``i``'s run, then deliver the same event again (a duplicate): print which."""
     from onward.chaos.scenario import AUTOMATION, event_id, payload
 
+    started = await _deliver(engine, AUTOMATION, payload(i), event_id(i))
+    again = await _deliver(engine, AUTOMATION, payload(i), event_id(i))
+    if started is None or again is None:
+        print(f"erased {i}", flush=True)  # its run was started before: acknowledged
+        return
+    if again.created or again.run_id != started.run_id:  # pragma: no cover
+        raise SystemExit(f"event {i}: a redelivery started a second run")
+    mark = "new" if started.created else "dup"
+    print(f"started {i} {started.run_id} {mark}", flush=True)
+
+
+async def run_starter(args: argparse.Namespace) -> None:
     settings = _settings(args)
     async with Engine.open(settings, migrate=False, start_queue=False, pool_size=2) as engine:
         print(f"ready {args.name}", flush=True)
@@ -298,16 +315,12 @@ async def run_starter(args: argparse.Namespace) -> None:
             if not line:
                 break
             first, last = (int(x) for x in line.split())
-            for i in range(first, last):
-                started = await _deliver(engine, AUTOMATION, payload(i), event_id(i))
-                again = await _deliver(engine, AUTOMATION, payload(i), event_id(i))
-                if started is None or again is None:
-                    print(f"erased {i}", flush=True)  # its run was started before: acknowledged
-                    continue
-                if again.created or again.run_id != started.run_id:  # pragma: no cover
-                    raise SystemExit(f"event {i}: a redelivery started a second run")
-                mark = "new" if started.created else "dup"
-                print(f"started {i} {started.run_id} {mark}", flush=True)
+            # STARTER_CHUNK deliveries at once, as a webhook sender's concurrent requests: the
+            # engine writes them together (onward.start.StartBatcher), so a kill at
+            # start.after_commit may come after a statement that started many runs
+            for chunk in range(first, last, STARTER_CHUNK):
+                top = min(chunk + STARTER_CHUNK, last)
+                await asyncio.gather(*(_deliver_twice(engine, i) for i in range(chunk, top)))
             print(f"batch {last}", flush=True)
     print("stopped", flush=True)
 
