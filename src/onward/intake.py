@@ -18,10 +18,11 @@ once, when it is added; lists show only its id.
 **Rate.** Every intake request counts in its organisation's fixed window (``intake_windows``,
 database time, ``Settings.intake_window_seconds``); over ``Settings.intake_limit`` requests in
 a window it is refused with :class:`~onward.errors.IntakeLimited` (429, ``Retry-After``: the
-seconds left in the window). A process counts its concurrent requests together (:class:`Admitter`:
-one upsert for all that wait while the last one runs). ``onward.limits`` does not fit: its slots and bookings pace steps'
+seconds left in the window). ``onward.limits`` does not fit: its slots and bookings pace steps'
 outside calls by run, step and attempt, and a refused HTTP request has none of those. A fixed
-window in PostgreSQL is one upsert per request and is shared by every API process.
+window in PostgreSQL is one upsert and is shared by every API process; a process counts its
+concurrent requests together (:class:`Admitter`: one upsert for all that wait while the last
+one runs, each admitted or refused in its order).
 """
 
 from __future__ import annotations
