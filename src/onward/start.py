@@ -278,6 +278,31 @@ def _items_json(prepared: Sequence[Prepared]) -> str:
     return "[" + ",".join(items) + "]"
 
 
+async def _answers(
+    conn: Conn, org_id: str, rows: Sequence[Any], keys: Sequence[str]
+) -> list[Started | None]:
+    """Each start's answer from ``start.sql start_many``'s rows (``keys``: the start keys, in
+    its items' order). A start whose key a transaction committed after the statement's snapshot
+    began (no run in its row) is found by one more read (``start.sql find_duplicates``); None:
+    its run is gone again."""
+    answers: list[Started | None] = [None] * len(keys)
+    leftover: list[int] = []
+    for row in rows:
+        i = row["idx"]
+        if row["run_id"] is None:
+            leftover.append(i)
+        else:
+            answers[i] = Started(row["run_id"], row["created"], keys[i])
+    if leftover:
+        wanted = [keys[i] for i in leftover]
+        cur = await conn.execute(Q.find_duplicates, {"org_id": org_id, "start_keys": wanted})
+        found = {row["start_key"]: row["run_id"] for row in await cur.fetchall()}
+        for i in leftover:
+            if keys[i] in found:
+                answers[i] = Started(found[keys[i]], False, keys[i])
+    return answers
+
+
 async def start_many(
     pool: Pool,
     org_id: str,
@@ -353,22 +378,7 @@ async def start_many(
                 " (nothing was started)"
             )
         crash_point("start.after_commit")
-        answers: list[Started | None] = [None] * len(rows)
-        leftover: list[int] = []
-        for row in rows:
-            i = row["idx"]
-            if row["run_id"] is None:
-                leftover.append(i)
-            else:
-                answers[i] = Started(row["run_id"], row["created"], keys[i])
-        if leftover:
-            # committed by another transaction after this statement's snapshot began
-            wanted = [keys[i] for i in leftover]
-            cur = await conn.execute(Q.find_duplicates, {"org_id": org_id, "start_keys": wanted})
-            found = {row["start_key"]: row["run_id"] for row in await cur.fetchall()}
-            for i in leftover:
-                if keys[i] in found:
-                    answers[i] = Started(found[keys[i]], False, keys[i])
+        answers = await _answers(conn, org_id, rows, keys)
     done = [a for a in answers if a is not None]
     if len(done) < len(answers):  # the run was removed between the two statements
         i = answers.index(None)
@@ -452,27 +462,11 @@ class StartBatcher:
                     todo = [i for i in todo if i not in out]
                     continue
                 crash_point("start.after_commit")
-                leftover: list[int] = []
-                for row in rows:
-                    i = todo[row["idx"]]
-                    if row["run_id"] is None:
-                        leftover.append(i)
-                    else:
-                        out[i] = Started(row["run_id"], row["created"], prepared[i].start_key)
-                if leftover:
-                    # committed by another transaction after this statement's snapshot began
-                    wanted = [prepared[i].start_key for i in leftover]
-                    cur = await conn.execute(
-                        Q.find_duplicates, {"org_id": org_id, "start_keys": wanted}
-                    )
-                    found = {row["start_key"]: row["run_id"] for row in await cur.fetchall()}
-                    for i in leftover:
-                        key = prepared[i].start_key
-                        out[i] = (
-                            Started(found[key], False, key)
-                            if key in found
-                            else UnknownAutomation(f"the run of start key {key!r} is gone")
-                        )
+                keys = [prepared[i].start_key for i in todo]
+                written = await _answers(conn, org_id, rows, keys)
+                for i, key, w in zip(todo, keys, written, strict=True):
+                    gone = UnknownAutomation(f"the run of start key {key!r} is gone")
+                    out[i] = w if w is not None else gone
                 break
         answers = [out[i] for i in range(len(prepared))]
         for a in answers:
