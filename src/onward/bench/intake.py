@@ -139,11 +139,8 @@ async def _paced_load(
     latencies: list[float] = []
     statuses: list[int] = []
     loop = asyncio.get_running_loop()
-    t0 = loop.time() + 0.05
 
-    async def one(i: int) -> None:
-        due = t0 + i / rate
-        await asyncio.sleep(max(0.0, due - loop.time()))
+    async def one(i: int, due: float) -> None:
         reader, writer = await pool.get()
         writer.write(requests[i])
         await writer.drain()
@@ -152,7 +149,18 @@ async def _paced_load(
         statuses.append(status)
         pool.put_nowait((reader, writer))
 
-    await asyncio.gather(*(one(i) for i in range(n)))
+    # one dispatcher starts each request at its instant: thousands of tasks made up front
+    # would each take their first turn of the loop at the start, and the first requests
+    # would be late by the client's own set-up
+    tasks = []
+    t0 = loop.time()
+    for i in range(n):
+        due = t0 + i / rate
+        wait = due - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
     while not pool.empty():
         _, writer = pool.get_nowait()
         writer.close()
