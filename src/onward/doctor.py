@@ -122,6 +122,20 @@ async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -
                 f"oldest first attempt {row['oldest']}" if row["unsettled"] else "none",
             )
         )
+        row = await (await conn.execute(Q.effects_in_review, {})).fetchone()
+        assert row is not None
+        checks.append(
+            Check(
+                "effects_in_review",
+                row["in_review"] == 0,
+                row["in_review"],
+                f"oldest first attempt {row['oldest']}: a person decides with onward review "
+                "resolve RUN (--happened, --retry or --skip)"
+                if row["in_review"]
+                else "none",
+                warning=True,  # parked for a person by design (NeedsReview), not an engine fault
+            )
+        )
         row = await signals.unrouted(conn, grace=grace)
         checks.append(
             Check(
@@ -300,7 +314,8 @@ async def measurements(conn: Any, *, grace: float = 300.0, limit: int = 1000) ->
     backlog = await (await conn.execute(Q.stale_outbox, {"grace": 0.0})).fetchone()
     expired = await (await conn.execute(Q.expired_leases, {"grace": grace})).fetchone()
     unsettled = await (await conn.execute(Q.unsettled_effects, {"grace": grace})).fetchone()
-    assert overdue and stale and backlog and expired and unsettled
+    review = await (await conn.execute(Q.effects_in_review, {})).fetchone()
+    assert overdue and stale and backlog and expired and unsettled and review
     return {
         "runs_without_way_forward": len(no_way),
         "overdue_timers": overdue["overdue"],
@@ -310,6 +325,7 @@ async def measurements(conn: Any, *, grace: float = 300.0, limit: int = 1000) ->
         "outbox_backlog_oldest": backlog["oldest"],
         "expired_leases": expired["expired"],
         "unsettled_effects": unsettled["unsettled"],
+        "effects_in_review": review["in_review"],
         "unrouted_signals": (await signals.unrouted(conn, grace=grace))["unrouted"],
         "undelivered_notifications": (await notify.undelivered(conn, grace=grace))["undelivered"],
         "lanes": [dict(r) for r in await (await conn.execute(Q.lanes, {})).fetchall()],

@@ -41,11 +41,19 @@ FROM steps
 WHERE status = 'running' AND lease_until < now() - make_interval(secs => %(grace)s);
 
 -- name: unsettled_effects
--- Effects claimed but not settled for longer than the grace period; any that stay need a person.
+-- Effects claimed but neither settled nor parked for a person for longer than the grace
+-- period: their step's lease, reconciliation or retry should have moved them by now.
 SELECT count(*) AS unsettled, min(first_attempt_at) AS oldest
 FROM effects
-WHERE status IN ('in_flight', 'outcome_unknown', 'review')
+WHERE status IN ('in_flight', 'outcome_unknown')
   AND coalesce(last_attempt_at, created_at) < now() - make_interval(secs => %(grace)s);
+
+-- name: effects_in_review
+-- Effects whose outcome nobody can know (a provider that cannot be searched): parked for a
+-- person by design (``NeedsReview``), with their run, until someone resolves the review.
+SELECT count(*) AS in_review, min(first_attempt_at) AS oldest
+FROM effects
+WHERE status = 'review';
 
 -- name: sweeper_leader
 -- Is a sweeper elected right now?

@@ -215,7 +215,11 @@ _HEALTH = {
     ),
     "onward_effects_unsettled": (
         "unsettled_effects",
-        "Effects claimed but not settled for longer than the grace",
+        "Effects claimed but neither settled nor parked for review for longer than the grace",
+    ),
+    "onward_effects_in_review": (
+        "effects_in_review",
+        "Effects parked for a person to resolve (their outcome cannot be known)",
     ),
     "onward_signals_unrouted": ("unrouted_signals", "Signals no run could be routed to"),
     "onward_notifications_undelivered": (

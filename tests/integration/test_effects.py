@@ -227,6 +227,25 @@ async def test_a_replacement_waits_on_the_live_effect_lease_instead_of_calling(
     assert (row["status"], row["attempts"], row["owner_token"]) == ("settled", 1, 1), row
 
 
+async def lose_a_charge(
+    engine: Engine,
+    sandbox: SandboxServer,
+    admin: SandboxAdmin,
+    counting: CountingClient,
+    run_id: str,
+    params: dict[str, Any],
+) -> tuple[StepContext, Any]:
+    """A charge the provider made but whose answer was lost: its effect's outcome is unknown."""
+    await connect(engine, sandbox, "billing", "payment")
+    admin.faults("payment", script=["drop_after_work"])
+    integ = Integrations(engine.pool, client=counting.client)
+    connector = await integ.connector(ORG, "billing")
+    step = context(run_id, "charge", "payment.charge")
+    with pytest.raises(OutcomeUnknown):
+        await engine.effects.run(step, connector, dict(params))
+    return step, connector
+
+
 async def test_a_lost_payment_response_parks_for_review_and_a_retry_never_charges_again(
     engine: Engine,
     sandbox: SandboxServer,
@@ -234,15 +253,8 @@ async def test_a_lost_payment_response_parks_for_review_and_a_retry_never_charge
     counting: CountingClient,
     sql: psycopg.Connection,
 ) -> None:
-    await connect(engine, sandbox, "billing", "payment")
-    admin.faults("payment", script=["drop_after_work"])
-    integ = Integrations(engine.pool, client=counting.client)
-    connector = await integ.connector(ORG, "billing")
     params = {"amount": 4200, "currency": "eur", "customer": "cus_maya"}
-    step = context("run_lost", "charge", "payment.charge")
-
-    with pytest.raises(OutcomeUnknown):
-        await engine.effects.run(step, connector, dict(params))
+    step, connector = await lose_a_charge(engine, sandbox, admin, counting, "run_lost", params)
     row = effect_row(sql, step.effect_key)
     assert row is not None and row["status"] == "outcome_unknown", row
 
@@ -257,6 +269,38 @@ async def test_a_lost_payment_response_parks_for_review_and_a_retry_never_charge
     assert len(admin.ledger("payment")) == 1
     row = effect_row(sql, step.effect_key)
     assert row is not None and (row["status"], row["attempts"]) == ("review", 1), row
+
+
+async def test_doctor_fails_on_an_unknown_outcome_and_only_warns_of_one_parked_for_review(
+    engine: Engine,
+    sandbox: SandboxServer,
+    admin: SandboxAdmin,
+    counting: CountingClient,
+) -> None:
+    from onward.console.health import measure
+    from onward.doctor import run_checks
+
+    params = {"amount": 1700, "currency": "eur", "customer": "cus_dana"}
+    _, connector = await lose_a_charge(engine, sandbox, admin, counting, "run_doctor", params)
+
+    # unknown and nobody has moved it yet: the engine's to settle, a failure past the grace
+    checks = {c.name: c for c in await run_checks(engine, grace=0.0)}
+    assert checks["unsettled_effects"].value == 1 and not checks["unsettled_effects"].healthy
+    assert checks["effects_in_review"].value == 0 and checks["effects_in_review"].ok
+
+    with pytest.raises(NeedsReview):
+        retry = context("run_doctor", "charge", "payment.charge", attempt=2)
+        await engine.effects.run(retry, connector, dict(params))
+    # parked for a person by design: shown as a warning, no longer counted as unsettled
+    checks = {c.name: c for c in await run_checks(engine, grace=0.0)}
+    assert checks["unsettled_effects"].value == 0 and checks["unsettled_effects"].ok
+    review = checks["effects_in_review"]
+    assert (review.value, review.ok, review.warning, review.healthy) == (1, False, True, True)
+    assert "onward review resolve" in review.detail
+    # the console's health page agrees: listed, not failing
+    health = await measure(engine.pool, ORG, circuits=[], grace=0.0)
+    effects = {c.name: c for c in health.checks}["unsettled_effects"]
+    assert effects.ok and effects.value == 0 and "1 review" in effects.detail
 
 
 # -- 2. a loop that sends three emails sends three ----------------------------------------------

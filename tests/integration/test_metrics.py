@@ -195,6 +195,7 @@ def test_counters_add_up_and_gauges_match_doctor(
         ("stale_outbox", "onward_outbox_stale"),
         ("expired_leases", "onward_leases_expired"),
         ("unsettled_effects", "onward_effects_unsettled"),
+        ("effects_in_review", "onward_effects_in_review"),
         ("unrouted_signals", "onward_signals_unrouted"),
         ("undelivered_notifications", "onward_notifications_undelivered"),
         ("open_circuits", "onward_circuits_not_closed"),

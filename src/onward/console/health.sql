@@ -37,7 +37,8 @@ WHERE sent_at IS NULL AND deliver_at <= now() AND org_id = %(org_id)s;
 
 -- name: unsettled_effects
 -- Effects claimed and not settled, by state, with the oldest first attempt (effects_unsettled
--- for in_flight / outcome_unknown; review is shown on the parked list too).
+-- for in_flight / outcome_unknown; review, a person's to resolve, is listed but never fails
+-- the check, and is shown on the parked list too).
 SELECT status, count(*) AS effects,
        coalesce(extract(epoch FROM now() - min(coalesce(first_attempt_at, created_at))), 0)::float8
            AS oldest_age_s
