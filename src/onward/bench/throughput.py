@@ -403,6 +403,7 @@ def _live(url: str, o: dict[str, Any]) -> dict[str, Any]:
     n = o["runs"]
     children = _spawn_workers(url, "live", o)
     try:
+        cpu0 = cpu_snapshot()
         t0 = time.perf_counter()
         for c in children:
             c.send("go")
@@ -410,6 +411,7 @@ def _live(url: str, o: dict[str, Any]) -> dict[str, Any]:
         with polling(url) as poll:
             _wait_finished(poll, "live", timeout=120 + n * 0.05)
         elapsed = time.perf_counter() - t0
+        busy = cpu_delta(cpu0, cpu_snapshot())["machine_busy"]
         for c in children:
             c.send("stop")
         for c in children:
@@ -433,6 +435,7 @@ def _live(url: str, o: dict[str, Any]) -> dict[str, Any]:
         "steps_per_s": round(n * STEPS / elapsed, 1),
         "latency_ms_p50": round(median(lat), 1),
         "latency_ms_p99": round(percentile(lat, 99), 1),
+        "machine_busy": busy,
     }
 
 
@@ -682,7 +685,7 @@ def render(res: dict[str, Any]) -> str:
             f"live (starts and workers at once): {lv['runs']} runs in {lv['elapsed_s']:.2f} s, "
             f"{lv['runs_per_s']:.0f} runs/s, {lv['steps_per_s']:.0f} steps/s, starts "
             f"{lv['starts_per_s']:.0f}/s; start -> completed p50 {lv['latency_ms_p50']:.1f} ms, "
-            f"p99 {lv['latency_ms_p99']:.1f} ms"
+            f"p99 {lv['latency_ms_p99']:.1f} ms; machine busy {lv.get('machine_busy')}"
         )
     if ceil["pgbench"]:
         lines.append("")
