@@ -550,7 +550,7 @@ def run(
         # 10,000 runs: a drain of 2-3 s and a grouped ceiling of about a second. With 2,000 the
         # grouped ceiling lasted a fifth of a second and the drain under one, so a process's
         # first claims and its connections' first statements were a visible share of both
-        # (issue 16's closing note, 2026-12-05: 0.29 of the ceiling at 2,000 runs, 0.38-0.41 at
+        # (issue 16's closing note, 2026-12-05: 0.29 of the ceiling at 2,000 runs, 0.41 at
         # 10,000 in the same sitting). ``--runs 2000`` still measures the short drain.
         "runs": runs or (30 if quick else 10_000),
         "workers": workers or (1 if quick else 2),
