@@ -2,8 +2,9 @@
 
 One sitting, on a scratch database, in this order:
 
-1. **starts**: N runs (10,000 unless ``--runs``) of a 3-step automation of no-op ``set`` steps are started through the
-   library (``Engine.start``, ``starters`` at once) while W worker processes wait, idle.
+1. **starts**: N runs (10,000 unless ``--runs``) of a 3-step automation of no-op ``set`` steps
+   are started through the library (``Engine.start``, ``starters`` at once) while W worker
+   processes wait, idle.
 2. **drain**: the workers (lane ``fast`` only, a big claim batch, eager continuation, relay and
    sweeper on, as ``onward worker`` runs them) are told to go and drain the N runs. Measured:
    steps/s, runs/s, each run's latency from its first claim to its completion, commits per
