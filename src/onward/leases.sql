@@ -47,13 +47,19 @@ FOR SHARE;
 -- name: heartbeat
 -- Extend the leases this worker still holds (each by its lane's lease), all in one statement. A step missing from the
 -- result was taken over (its attempt moved on) or finished: its task must stop at once.
+-- The fence's status is a column of the materialised batch (`holding`), as in settle_advance:
+-- a constant would let the planner read a whole partial index it implies and hash it.
+WITH h AS MATERIALIZED (
+    SELECT h.org_id, h.run_id, h.seq, h.attempt, h.lease, 'running'::text AS holding
+    FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[],
+                %(attempts)s::int[], %(leases)s::float8[])
+         AS h(org_id, run_id, seq, attempt, lease)
+)
 UPDATE steps s
 SET lease_until = now() + make_interval(secs => h.lease)
-FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[],
-            %(leases)s::float8[])
-     AS h(org_id, run_id, seq, attempt, lease)
+FROM h
 WHERE s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
-  AND s.attempt = h.attempt AND s.status = 'running'
+  AND s.attempt = h.attempt AND s.status = h.holding
 RETURNING s.org_id, s.run_id, s.seq;
 
 -- name: settle_advance
@@ -64,14 +70,20 @@ RETURNING s.org_id, s.run_id, s.seq;
 -- When eager, the next step is inserted already claimed by this worker (attempt 1, the lease of
 -- its lane),
 -- so no wake-up is needed; otherwise it is inserted ready with an outbox row for its lane.
-WITH x AS (
+WITH x AS MATERIALIZED (
     -- the batch arrives as one JSON array of objects: one parameter that orjson writes in C
     -- (fifteen parallel arrays cost the worker about 35 us a step in psycopg's Python array
     -- dumper). A JSON null, or a missing key, reads as SQL NULL; an output of None stays the
-    -- JSON null it always was.
+    -- JSON null it always was. `holding` is the fence's status, 'running', as a column of this
+    -- materialised batch rather than a constant in `done`: a constant would let the planner
+    -- read a whole partial index the fence implies (steps_leased: every running step) and
+    -- hash it (its estimate of that index is a handful of rows; under load it is thousands,
+    -- a scan of them all for every settle); a column leaves it one lookup by steps_pkey a
+    -- step (tests/integration/test_batch_plans.py).
     SELECT x.org_id, x.run_id, x.seq, x.attempt, coalesce(x.output, 'null'::jsonb) AS output,
            coalesce(x.vars, '{}'::jsonb) AS vars, x.next_step_id, x.next_kind, x.next_lane,
-           x.next_iteration, x.eager, x.done_status, x.detail, x.lease, x.keep
+           x.next_iteration, x.eager, x.done_status, x.detail, x.lease, x.keep,
+           'running'::text AS holding
     FROM jsonb_to_recordset(%(items)s::jsonb) AS x(
         org_id text, run_id text, seq int, attempt int, output jsonb, vars jsonb,
         next_step_id text, next_kind text, next_lane text, next_iteration int, eager bool,
@@ -83,7 +95,7 @@ done AS (
         owner = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM x
     WHERE s.org_id = x.org_id AND s.run_id = x.run_id AND s.seq = x.seq
-      AND s.attempt = x.attempt AND s.status = 'running'
+      AND s.attempt = x.attempt AND s.status = x.holding
     RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.claimed_at
 ),
 dx AS (

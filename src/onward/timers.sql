@@ -136,16 +136,22 @@ LIMIT %(limit)s;
 -- new instant and intent and the next wake number -- the wake already sent for the old one
 -- then fires nothing -- with a delayed wake for the new instant and a history row holding
 -- both instants. A timer fired or moved meanwhile is left alone (0 rows for it).
-WITH x AS (
-    SELECT * FROM unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[], %(wake_ns)s::int[],
-                         %(old_dues)s::timestamptz[], %(new_dues)s::timestamptz[],
-                         %(intents)s::jsonb[])
+WITH x AS MATERIALIZED (
+    -- `unfired` is the fence's NULL as a column of this materialised batch: a literal
+    -- `fired_at IS NULL` would let the planner read the whole partial index timers_due (every
+    -- pending timer, a million on a Monday) and hash it against the batch when its statistics
+    -- call that index nearly empty; this leaves one lookup by timers_pkey a timer
+    -- (tests/integration/test_batch_plans.py)
+    SELECT x.*, NULL::timestamptz AS unfired
+    FROM unnest(%(org_ids)s::text[], %(timer_ids)s::bigint[], %(wake_ns)s::int[],
+                %(old_dues)s::timestamptz[], %(new_dues)s::timestamptz[], %(intents)s::jsonb[])
         AS x(org_id, timer_id, wake_n, old_due, new_due, intent)
 ),
 m AS (
     UPDATE timers t SET due_at = x.new_due, intent = x.intent, wake_n = t.wake_n + 1
     FROM x
-    WHERE t.org_id = x.org_id AND t.timer_id = x.timer_id AND t.fired_at IS NULL
+    WHERE t.org_id = x.org_id AND t.timer_id = x.timer_id
+      AND t.fired_at IS NOT DISTINCT FROM x.unfired
       AND t.wake_n = x.wake_n
     RETURNING t.org_id, t.timer_id, t.run_id, t.seq, t.wake_n, t.due_at, x.old_due
 ),

@@ -22,7 +22,11 @@ ready AS (
         error = coalesce(r.error, st.error), updated_at = now(),
         failures = st.failures + CASE WHEN r.event IN ('step_retry', 'lease_expired')
                                       THEN 1 ELSE 0 END
-    FROM to_ready r
+    -- OFFSET 0 keeps to_ready a subquery of its own: pulled up, its constant from_status
+    -- would let the planner read a whole partial index that status implies
+    -- (steps_one_unfinished, steps_leased) and hash it against the batch, instead of one
+    -- lookup by steps_pkey a step (tests/integration/test_batch_plans.py)
+    FROM (SELECT * FROM to_ready OFFSET 0) r
     WHERE st.org_id = r.org_id AND st.run_id = r.run_id AND st.seq = r.seq
       AND st.status = r.from_status AND (r.attempt IS NULL OR st.attempt = r.attempt)
     RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt,

@@ -1,0 +1,152 @@
+"""The plans of statements that write a batch of rows by key, when the statistics are stale
+(issue 16).
+
+``leases.sql settle_advance`` fences each row of its batch on ``status = 'running'``. Written
+as a constant, that fence let the planner read a whole partial index whose predicate it
+implies -- ``steps_leased`` (every running step, and every entry of one not yet vacuumed) in
+the drain's plans, ``steps_one_unfinished`` in this test's -- and hash it against the batch
+whenever its statistics called that index nearly empty, as they do after an ``ANALYZE`` on a
+quiet moment; under load the index holds thousands of entries, and each settle scanned them
+all. The fence is now a column of the materialised batch (``holding``), which no index predicate can
+match, so each row is one lookup by ``steps_pkey`` whatever the statistics say. The heartbeat
+fences its leases the same way, and the shared ``make_ready`` fragment (``db/fragments.sql``)
+keeps its ``to_ready`` batch a subquery of its own for the same reason; a recompute's
+``timers.sql move`` fences on ``fired_at`` as a column (the predicate of ``timers_due``). Each
+test gives the planner exactly those statistics and reads the plan.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from onward.leases import Q
+from onward.timers import Q as timers_q
+
+BATCH = 200
+
+
+def _plan(sql: psycopg.Connection, statement: str, params: dict[str, Any]) -> dict:
+    row = sql.execute(f"EXPLAIN (FORMAT JSON) {statement}", params).fetchone()
+    assert row is not None
+    plan = next(iter(row.values()))
+    return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+
+
+def _scans(plan: dict) -> list[tuple[str, str, str]]:
+    """(node type, relation or index, its condition) of every scan under ``plan``."""
+    found = []
+    if "Scan" in plan["Node Type"]:
+        found.append(
+            (
+                plan["Node Type"],
+                plan.get("Index Name") or plan.get("Relation Name", ""),
+                plan.get("Index Cond", ""),
+            )
+        )
+    for child in plan.get("Plans", []):
+        found += _scans(child)
+    return found
+
+
+def _quiet_statistics(sql: psycopg.Connection) -> None:
+    """50,000 finished steps and none running, analysed: steps_leased looks empty."""
+    sql.execute(
+        "INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, status, attempt) "
+        "SELECT 'acme', 'r' || g, 1, 'a', 'set', 'fast', 'done', 1 "
+        "FROM generate_series(1, 50000) g"
+    )
+    sql.execute("ANALYZE steps")
+
+
+def test_a_grouped_settle_looks_each_step_up_by_its_key(sql: psycopg.Connection) -> None:
+    _quiet_statistics(sql)
+    items = [
+        {
+            "org_id": "acme",
+            "run_id": f"r{i}",
+            "seq": 1,
+            "attempt": 1,
+            "output": None,
+            "vars": {},
+            "next_step_id": "b",
+            "next_kind": "set",
+            "next_lane": "fast",
+            "next_iteration": 1,
+            "eager": True,
+            "done_status": "done",
+            "lease": 30.0,
+            "keep": False,
+        }
+        for i in range(1, BATCH + 1)
+    ]
+    scans = _scans(_plan(sql, Q.settle_advance, {"worker": "w", "items": Jsonb(items)}))
+    steps = [s for s in scans if s[1].startswith("steps")]
+    assert steps, scans
+    # each step looked up by its key: no partial index (steps_leased, steps_one_unfinished)
+    # read whole because its predicate implies the fence
+    assert all(name == "steps_pkey" and "run_id" in cond for _, name, cond in steps), steps
+
+
+def test_a_heartbeat_looks_each_lease_up_by_its_key(sql: psycopg.Connection) -> None:
+    _quiet_statistics(sql)
+    n = range(1, BATCH + 1)
+    params = {
+        "org_ids": ["acme"] * BATCH,
+        "run_ids": [f"r{i}" for i in n],
+        "seqs": [1] * BATCH,
+        "attempts": [1] * BATCH,
+        "leases": [30.0] * BATCH,
+    }
+    scans = _scans(_plan(sql, Q.heartbeat, params))
+    steps = [s for s in scans if s[1].startswith("steps")]
+    assert steps, scans
+    # each step looked up by its key: no partial index (steps_leased, steps_one_unfinished)
+    # read whole because its predicate implies the fence
+    assert all(name == "steps_pkey" and "run_id" in cond for _, name, cond in steps), steps
+
+
+def test_a_release_looks_each_step_up_by_its_key(sql: psycopg.Connection) -> None:
+    # release makes its steps ready through the shared make_ready fragment, as every
+    # transition that makes a step ready does: its to_ready carries a constant from_status
+    _quiet_statistics(sql)
+    n = range(1, BATCH + 1)
+    params = {
+        "org_ids": ["acme"] * BATCH,
+        "run_ids": [f"r{i}" for i in n],
+        "seqs": [1] * BATCH,
+        "attempts": [1] * BATCH,
+        "worker": "w",
+    }
+    scans = _scans(_plan(sql, Q.release, params))
+    steps = [s for s in scans if s[1].startswith("steps")]
+    assert steps, scans
+    assert all(name == "steps_pkey" and "run_id" in cond for _, name, cond in steps), steps
+
+
+def test_a_timer_move_looks_each_timer_up_by_its_key(sql: psycopg.Connection) -> None:
+    # a recompute moves pending timers in batches; its fence (fired_at IS NULL) is the
+    # predicate of the partial index timers_due, which holds every pending timer
+    sql.execute(
+        "INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at, fired_at) "
+        "SELECT 'acme', 'r' || g, 1, 'wait', '{}', now(), now() "
+        "FROM generate_series(1, 50000) g"
+    )
+    sql.execute("ANALYZE timers")
+    params = {
+        "org_ids": ["acme"] * BATCH,
+        "timer_ids": list(range(1, BATCH + 1)),
+        "wake_ns": [1] * BATCH,
+        "old_dues": ["2026-12-07T09:00:00Z"] * BATCH,
+        "new_dues": ["2026-12-07T10:00:00Z"] * BATCH,
+        "intents": [Jsonb({})] * BATCH,
+        "worker": "w",
+        "reason": "zone",
+    }
+    scans = _scans(_plan(sql, timers_q.move, params))
+    timers = [s for s in scans if s[1].startswith("timers")]
+    assert timers, scans
+    assert all(name == "timers_pkey" and "timer_id" in cond for _, name, cond in timers), timers
