@@ -62,6 +62,25 @@ def _quiet_statistics(sql: psycopg.Connection) -> None:
     sql.execute("ANALYZE steps")
 
 
+def _assert_by_key(scans: list[tuple[str, str, str]], table: str, index: str, key: str) -> None:
+    """Every scan of ``table`` is a lookup by ``index`` on ``key``: no partial index
+    (steps_leased, steps_one_unfinished, timers_due) read whole because its predicate is
+    implied by the fence."""
+    mine = [s for s in scans if s[1].startswith(table)]
+    assert mine, scans
+    assert all(name == index and key in cond for _, name, cond in mine), mine
+
+
+def _lease_batch(**more: Any) -> dict[str, Any]:
+    return {
+        "org_ids": ["acme"] * BATCH,
+        "run_ids": [f"r{i}" for i in range(1, BATCH + 1)],
+        "seqs": [1] * BATCH,
+        "attempts": [1] * BATCH,
+        **more,
+    }
+
+
 def test_a_grouped_settle_looks_each_step_up_by_its_key(sql: psycopg.Connection) -> None:
     _quiet_statistics(sql)
     items = [
@@ -84,47 +103,21 @@ def test_a_grouped_settle_looks_each_step_up_by_its_key(sql: psycopg.Connection)
         for i in range(1, BATCH + 1)
     ]
     scans = _scans(_plan(sql, Q.settle_advance, {"worker": "w", "items": Jsonb(items)}))
-    steps = [s for s in scans if s[1].startswith("steps")]
-    assert steps, scans
-    # each step looked up by its key: no partial index (steps_leased, steps_one_unfinished)
-    # read whole because its predicate implies the fence
-    assert all(name == "steps_pkey" and "run_id" in cond for _, name, cond in steps), steps
+    _assert_by_key(scans, "steps", "steps_pkey", "run_id")
 
 
 def test_a_heartbeat_looks_each_lease_up_by_its_key(sql: psycopg.Connection) -> None:
     _quiet_statistics(sql)
-    n = range(1, BATCH + 1)
-    params = {
-        "org_ids": ["acme"] * BATCH,
-        "run_ids": [f"r{i}" for i in n],
-        "seqs": [1] * BATCH,
-        "attempts": [1] * BATCH,
-        "leases": [30.0] * BATCH,
-    }
-    scans = _scans(_plan(sql, Q.heartbeat, params))
-    steps = [s for s in scans if s[1].startswith("steps")]
-    assert steps, scans
-    # each step looked up by its key: no partial index (steps_leased, steps_one_unfinished)
-    # read whole because its predicate implies the fence
-    assert all(name == "steps_pkey" and "run_id" in cond for _, name, cond in steps), steps
+    scans = _scans(_plan(sql, Q.heartbeat, _lease_batch(leases=[30.0] * BATCH)))
+    _assert_by_key(scans, "steps", "steps_pkey", "run_id")
 
 
 def test_a_release_looks_each_step_up_by_its_key(sql: psycopg.Connection) -> None:
     # release makes its steps ready through the shared make_ready fragment, as every
     # transition that makes a step ready does: its to_ready carries a constant from_status
     _quiet_statistics(sql)
-    n = range(1, BATCH + 1)
-    params = {
-        "org_ids": ["acme"] * BATCH,
-        "run_ids": [f"r{i}" for i in n],
-        "seqs": [1] * BATCH,
-        "attempts": [1] * BATCH,
-        "worker": "w",
-    }
-    scans = _scans(_plan(sql, Q.release, params))
-    steps = [s for s in scans if s[1].startswith("steps")]
-    assert steps, scans
-    assert all(name == "steps_pkey" and "run_id" in cond for _, name, cond in steps), steps
+    scans = _scans(_plan(sql, Q.release, _lease_batch(worker="w")))
+    _assert_by_key(scans, "steps", "steps_pkey", "run_id")
 
 
 def test_a_timer_move_looks_each_timer_up_by_its_key(sql: psycopg.Connection) -> None:
@@ -147,6 +140,4 @@ def test_a_timer_move_looks_each_timer_up_by_its_key(sql: psycopg.Connection) ->
         "reason": "zone",
     }
     scans = _scans(_plan(sql, timers_q.move, params))
-    timers = [s for s in scans if s[1].startswith("timers")]
-    assert timers, scans
-    assert all(name == "timers_pkey" and "timer_id" in cond for _, name, cond in timers), timers
+    _assert_by_key(scans, "timers", "timers_pkey", "timer_id")
