@@ -33,7 +33,8 @@ WITH to_ready AS (
 {{make_ready}},
 run AS (
     UPDATE runs r SET status = 'active', status_reason = NULL, updated_at = now()
-    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'parked'
+    FROM ready
+    WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = ready.from_status
 )
 SELECT run_id, seq, step_id FROM ready;
 

@@ -143,7 +143,8 @@ to_ready AS (
 {{make_ready}},
 run AS (
     UPDATE runs r SET status = 'active', updated_at = now()
-    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'waiting'
+    FROM ready
+    WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = ready.from_status
 )
 SELECT (SELECT count(*) FROM a) AS settled, (SELECT count(*) FROM ready) AS woken;
 

@@ -110,7 +110,8 @@ to_ready AS (
 {{make_ready}},
 run AS (
     UPDATE runs r SET status = 'active', status_reason = NULL, updated_at = now()
-    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'parked'
+    FROM ready
+    WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = ready.from_status
 )
 SELECT org_id, key, probe_run_id FROM upd;
 
@@ -137,7 +138,8 @@ to_ready AS (
 {{make_ready}},
 run AS (
     UPDATE runs r SET status = 'active', status_reason = NULL, updated_at = now()
-    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'parked'
+    FROM ready
+    WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = ready.from_status
 )
 SELECT c.key, (SELECT count(*) FROM ready) AS resumed FROM c;
 
@@ -163,7 +165,8 @@ WITH to_ready AS (
 {{make_ready}},
 run AS (
     UPDATE runs r SET status = 'active', status_reason = NULL, updated_at = now()
-    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'parked'
+    FROM ready
+    WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = ready.from_status
 )
 SELECT org_id, run_id, seq FROM ready;
 

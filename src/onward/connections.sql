@@ -66,7 +66,8 @@ WITH to_ready AS (
 r AS (
     UPDATE runs SET status = 'active', status_reason = NULL, updated_at = now()
     FROM ready
-    WHERE runs.org_id = ready.org_id AND runs.run_id = ready.run_id AND runs.status = 'parked'
+    WHERE runs.org_id = ready.org_id AND runs.run_id = ready.run_id
+      AND runs.status = ready.from_status
 )
 SELECT run_id, seq FROM ready;
 

@@ -97,7 +97,8 @@ to_ready AS (
 {{make_ready}},
 run AS (
     UPDATE runs r SET status = 'active', updated_at = now()
-    FROM ready WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = 'waiting'
+    FROM ready
+    WHERE r.org_id = ready.org_id AND r.run_id = ready.run_id AND r.status = ready.from_status
 )
 SELECT c.signal_id, c.name, c.seq, ready.step_id, ready.lane, ready.attempt
 FROM c JOIN ready ON true;

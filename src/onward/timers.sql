@@ -52,8 +52,10 @@ woken AS (
            row_number() OVER (PARTITION BY st.lane ORDER BY f.due_at, f.timer_id) AS nth
     FROM f JOIN steps st ON st.org_id = f.org_id AND st.run_id = f.run_id AND st.seq = f.seq
 ),
-eager AS (
-    SELECT w.*, c.lease
+eager AS MATERIALIZED (
+    -- `holding`: the status the claim below fences on, as a column (a constant would let the
+    -- planner read the whole partial index steps_one_unfinished and hash it)
+    SELECT w.*, c.lease, 'waiting'::text AS holding
     FROM woken w
     JOIN unnest(%(lanes)s::text[], %(free)s::int[], %(leases)s::float8[]) AS c(lane, free, lease)
       ON c.lane = w.lane AND w.nth <= c.free
@@ -75,10 +77,10 @@ claimed AS (
         wait_kind = NULL, available_at = now(), wake = e.wake, updated_at = now()
     FROM eager e
     WHERE st.org_id = e.org_id AND st.run_id = e.run_id AND st.seq = e.seq
-      AND st.status = 'waiting'
+      AND st.status = e.holding
     RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.kind, st.lane, st.iteration,
               st.attempt, st.failures, st.wake, st.version AS step_version,
-              0.0::float8 AS queue_lag_s, e.timer_id, e.detail
+              0.0::float8 AS queue_lag_s, e.timer_id, e.detail, e.holding AS from_status
 ),
 claimed_history AS (
     INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
@@ -87,8 +89,9 @@ claimed_history AS (
 ),
 run AS (
     UPDATE runs r SET status = 'active', updated_at = now()
-    FROM (SELECT org_id, run_id FROM ready UNION ALL SELECT org_id, run_id FROM claimed) w
-    WHERE r.org_id = w.org_id AND r.run_id = w.run_id AND r.status = 'waiting'
+    FROM (SELECT org_id, run_id, from_status FROM ready
+          UNION ALL SELECT org_id, run_id, from_status FROM claimed) w
+    WHERE r.org_id = w.org_id AND r.run_id = w.run_id AND r.status = w.from_status
 )
 -- one row per fired timer; an eager one carries its claim as leases.sql claim returns it (the
 -- run as of the statement's snapshot: its status is all this statement changes)

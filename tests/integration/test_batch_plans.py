@@ -10,9 +10,11 @@ quiet moment; under load the index holds thousands of entries, and each settle s
 all. The fence is now a column of the materialised batch (``holding``), which no index predicate can
 match, so each row is one lookup by ``steps_pkey`` whatever the statistics say. The heartbeat
 fences its leases the same way, and the shared ``make_ready`` fragment (``db/fragments.sql``)
-keeps its ``to_ready`` batch a subquery of its own for the same reason; a recompute's
-``timers.sql move`` fences on ``fired_at`` as a column (the predicate of ``timers_due``). Each
-test gives the planner exactly those statistics and reads the plan.
+keeps its ``to_ready`` batch a subquery of its own for the same reason and returns each step's
+``from_status``, on which a resumed run is fenced (a constant ``'waiting'`` or ``'parked'``
+there read the whole of ``runs_waiting_deadline``); a timer's fire fences its eager claims on a
+column; a recompute's ``timers.sql move`` fences on ``fired_at`` as a column (the predicate of
+``timers_due``). Each test gives the planner exactly those statistics and reads the plan.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from onward.leases import Q
+from onward.signals import Q as signals_q
 from onward.timers import Q as timers_q
 
 BATCH = 200
@@ -141,3 +144,45 @@ def test_a_timer_move_looks_each_timer_up_by_its_key(sql: psycopg.Connection) ->
     }
     scans = _scans(_plan(sql, timers_q.move, params))
     _assert_by_key(scans, "timers", "timers_pkey", "timer_id")
+
+
+def _quiet_runs(sql: psycopg.Connection) -> None:
+    """50,000 completed runs, analysed: runs_waiting_deadline looks empty."""
+    sql.execute(
+        "INSERT INTO runs (org_id, run_id, automation_id, version, start_key, start_key_kind, "
+        "status, max_steps, deadline_at) "
+        "SELECT 'acme', 'r' || g, 'a', 1, 'k' || g, 'event', 'completed', 100, now() "
+        "FROM generate_series(1, 50000) g"
+    )
+    sql.execute("ANALYZE runs")
+
+
+def test_a_timer_fire_looks_each_step_and_run_up_by_its_key(sql: psycopg.Connection) -> None:
+    # a Monday's burst: the fire claims waiting steps (fence: status 'waiting') and makes the
+    # rest ready (make_ready), and resumes their waiting runs (fence: the run's status)
+    _quiet_statistics(sql)
+    _quiet_runs(sql)
+    params = {
+        "org_ids": ["acme"] * BATCH,
+        "timer_ids": list(range(1, BATCH + 1)),
+        "wake_ns": [1] * BATCH,
+        "by": "wake",
+        "worker": "w",
+        "lanes": ["fast"],
+        "free": [BATCH // 2],
+        "leases": [30.0],
+    }
+    scans = _scans(_plan(sql, timers_q.fire, params))
+    _assert_by_key(scans, "steps", "steps_pkey", "run_id")
+    _assert_by_key(scans, "runs", "runs_pkey", "run_id")
+    _assert_by_key(scans, "timers", "timers_pkey", "timer_id")
+
+
+def test_a_consumed_signal_resumes_its_run_by_its_key(sql: psycopg.Connection) -> None:
+    # every transition that makes a step ready and resumes its run fences the run on the
+    # step's from_status (make_ready returns it): signals.consume stands for them all
+    _quiet_statistics(sql)
+    _quiet_runs(sql)
+    params = {"org_id": "acme", "run_id": "r1", "worker": "w"}
+    scans = _scans(_plan(sql, signals_q.consume, params))
+    _assert_by_key(scans, "runs", "runs_pkey", "run_id")

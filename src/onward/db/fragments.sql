@@ -12,7 +12,10 @@
 -- error) and `lease_expired` (its worker died or stalled) -- counts in `failures`, what retry
 -- policies count; a deferral, a release, a wake or a resume does not. A step made ready from
 -- 'running' ends that attempt: its history row carries when the attempt was claimed. Then
--- announce_ready.
+-- announce_ready. `ready` returns each step's from_status too: a run that mirrors it (a
+-- waiting or parked run resuming) fences on `runs.status = ready.from_status`, a column, so
+-- its update looks each run up by key -- a constant would let the planner read the whole
+-- partial index runs_waiting_deadline and hash it.
 ready AS (
     UPDATE steps st
     SET status = 'ready', owner = NULL,
@@ -31,7 +34,8 @@ ready AS (
       AND st.status = r.from_status AND (r.attempt IS NULL OR st.attempt = r.attempt)
     RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.lane, st.attempt,
               st.available_at AS deliver_at, r.event, r.worker, r.detail,
-              CASE WHEN r.from_status = 'running' THEN st.claimed_at END AS claimed_at
+              CASE WHEN r.from_status = 'running' THEN st.claimed_at END AS claimed_at,
+              r.from_status
 ),
 {{announce_ready}}
 
