@@ -14,7 +14,9 @@ keeps its ``to_ready`` batch a subquery of its own for the same reason and retur
 ``from_status``, on which a resumed run is fenced (a constant ``'waiting'`` or ``'parked'``
 there read the whole of ``runs_waiting_deadline``); a timer's fire fences its eager claims on a
 column; a recompute's ``timers.sql move`` fences on ``fired_at`` as a column (the predicate of
-``timers_due``). Each test gives the planner exactly those statistics and reads the plan.
+``timers_due``); a concurrency cap's ``limits.sql take_slot`` compares the status with a value
+the planner does not see. Each test gives the planner exactly those statistics and reads the
+plan.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from onward.leases import Q
+from onward.limits import Q as limits_q
 from onward.signals import Q as signals_q
 from onward.timers import Q as timers_q
 
@@ -186,3 +189,18 @@ def test_a_consumed_signal_resumes_its_run_by_its_key(sql: psycopg.Connection) -
     params = {"org_id": "acme", "run_id": "r1", "worker": "w"}
     scans = _scans(_plan(sql, signals_q.consume, params))
     _assert_by_key(scans, "runs", "runs_pkey", "run_id")
+
+
+def test_a_concurrency_slot_checks_each_holder_by_its_key(sql: psycopg.Connection) -> None:
+    # a capped call checks the key's few slots against their steps (running, at that attempt,
+    # lease not lapsed): never the organisation's every unfinished step
+    _quiet_statistics(sql)
+    sql.execute(
+        "INSERT INTO limit_slots (org_id, key, run_id, seq, attempt) "
+        "SELECT 'acme', 'crm', 'r' || g, 1, 1 FROM generate_series(1, 10) g"
+    )
+    sql.execute("ANALYZE limit_slots")
+    params = {"org_id": "acme", "key": "crm", "run_id": "r1", "seq": 1, "attempt": 1, "max": 10}
+    _assert_by_key(_scans(_plan(sql, limits_q.take_slot, params)), "steps", "steps_pkey", "run_id")
+    listed = _scans(_plan(sql, limits_q.list, {"org_id": "acme"}))
+    _assert_by_key(listed, "steps", "steps_pkey", "run_id")
