@@ -175,11 +175,17 @@ SELECT org_id, timer_id, due_at, wake_n FROM timer_due;
 
 -- name: pending_of_run
 -- The unfired timer a waiting step of the run waits on (the wait itself or its deadline).
+-- "Unfired" is `fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)`, a value the planner
+-- does not see, here and in the two below: a literal `fired_at IS NULL` would let it read the
+-- organisation's every pending timer through the partial index timers_due, filtering on the
+-- run, whenever its statistics call that index nearly empty, instead of the run's own timers
+-- by timers_by_step (tests/integration/test_batch_plans.py).
 SELECT t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.wake_n, t.intent, t.purpose,
        now() AS db_now
 FROM timers t
 JOIN steps s ON s.org_id = t.org_id AND s.run_id = t.run_id AND s.seq = t.seq
-WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s AND t.fired_at IS NULL
+WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s
+  AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
   AND s.status = 'waiting'
 ORDER BY t.timer_id;
 
@@ -191,11 +197,13 @@ SELECT now() AS now;
 -- Lock a run's unfired timers before its step (the order a fire takes them: timer, then step),
 -- so closing them with the step cannot deadlock with a fire.
 SELECT timer_id FROM timers
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND fired_at IS NULL
+WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+  AND fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
 ORDER BY timer_id
 FOR UPDATE;
 
 -- name: close_for_run
 -- The run ended while its timers were pending (cancelled): they fire nothing, now or later.
 UPDATE timers SET fired_at = now(), fired_by = %(fired_by)s
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND fired_at IS NULL;
+WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+  AND fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz);

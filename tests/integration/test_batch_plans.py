@@ -14,8 +14,9 @@ keeps its ``to_ready`` batch a subquery of its own for the same reason and retur
 ``from_status``, on which a resumed run is fenced (a constant ``'waiting'`` or ``'parked'``
 there read the whole of ``runs_waiting_deadline``); a timer's fire fences its eager claims on a
 column; a recompute's ``timers.sql move`` fences on ``fired_at`` as a column (the predicate of
-``timers_due``); a concurrency cap's ``limits.sql take_slot`` compares the status with a value
-the planner does not see. Each test gives the planner exactly those statistics and reads the
+``timers_due``); a concurrency cap's ``limits.sql take_slot`` and a run's own pending timers
+(``timers.sql pending_of_run`` and its kin) compare with a value the planner does not see,
+``(SELECT ...)``. Each test gives the planner exactly those statistics and reads the
 plan.
 """
 
@@ -204,3 +205,18 @@ def test_a_concurrency_slot_checks_each_holder_by_its_key(sql: psycopg.Connectio
     _assert_by_key(_scans(_plan(sql, limits_q.take_slot, params)), "steps", "steps_pkey", "run_id")
     listed = _scans(_plan(sql, limits_q.list, {"org_id": "acme"}))
     _assert_by_key(listed, "steps", "steps_pkey", "run_id")
+
+
+def test_a_runs_pending_timers_are_read_by_the_run(sql: psycopg.Connection) -> None:
+    # a cancel, a migration and a skip read, lock or close one run's unfired timers: by the
+    # run (timers_by_step), never the organisation's every pending timer (timers_due)
+    _quiet_statistics(sql)
+    sql.execute(
+        "INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at, fired_at) "
+        "SELECT 'acme', 'r' || g, 1, 'wait', '{}', now(), now() "
+        "FROM generate_series(1, 50000) g"
+    )
+    sql.execute("ANALYZE timers")
+    params = {"org_id": "acme", "run_id": "r5", "fired_by": "cancel"}
+    for q in (timers_q.pending_of_run, timers_q.lock_pending_of_run, timers_q.close_for_run):
+        _assert_by_key(_scans(_plan(sql, q, params)), "timers", "timers_by_step", "run_id")
