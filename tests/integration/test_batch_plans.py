@@ -7,8 +7,9 @@ implies -- ``steps_leased`` (every running step, and every entry of one not yet 
 the drain's plans, ``steps_one_unfinished`` in this test's -- and hash it against the batch
 whenever its statistics called that index nearly empty, as they do after an ``ANALYZE`` on a
 quiet moment; under load the index holds thousands of entries, and each settle scanned them
-all. The fence is now a column of the materialised batch (``holding``), which no index predicate can
-match, so each row is one lookup by ``steps_pkey`` whatever the statistics say. The heartbeat
+all. The fence is now a column of the materialised batch (``holding``), which no index
+predicate can match, so each row is one lookup by ``steps_pkey`` whatever the statistics say.
+The heartbeat
 fences its leases the same way, and the shared ``make_ready`` fragment (``db/fragments.sql``)
 keeps its ``to_ready`` batch a subquery of its own for the same reason and returns each step's
 ``from_status``, on which a resumed run is fenced (a constant ``'waiting'`` or ``'parked'``
@@ -67,6 +68,16 @@ def _quiet_statistics(sql: psycopg.Connection) -> None:
         "FROM generate_series(1, 50000) g"
     )
     sql.execute("ANALYZE steps")
+
+
+def _quiet_timers(sql: psycopg.Connection) -> None:
+    """50,000 fired timers and none pending, analysed: timers_due looks empty."""
+    sql.execute(
+        "INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at, fired_at) "
+        "SELECT 'acme', 'r' || g, 1, 'wait', '{}', now(), now() "
+        "FROM generate_series(1, 50000) g"
+    )
+    sql.execute("ANALYZE timers")
 
 
 def _assert_by_key(scans: list[tuple[str, str, str]], table: str, index: str, key: str) -> None:
@@ -130,12 +141,7 @@ def test_a_release_looks_each_step_up_by_its_key(sql: psycopg.Connection) -> Non
 def test_a_timer_move_looks_each_timer_up_by_its_key(sql: psycopg.Connection) -> None:
     # a recompute moves pending timers in batches; its fence (fired_at IS NULL) is the
     # predicate of the partial index timers_due, which holds every pending timer
-    sql.execute(
-        "INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at, fired_at) "
-        "SELECT 'acme', 'r' || g, 1, 'wait', '{}', now(), now() "
-        "FROM generate_series(1, 50000) g"
-    )
-    sql.execute("ANALYZE timers")
+    _quiet_timers(sql)
     params = {
         "org_ids": ["acme"] * BATCH,
         "timer_ids": list(range(1, BATCH + 1)),
@@ -211,12 +217,7 @@ def test_a_runs_pending_timers_are_read_by_the_run(sql: psycopg.Connection) -> N
     # a cancel, a migration and a skip read, lock or close one run's unfired timers: by the
     # run (timers_by_step), never the organisation's every pending timer (timers_due)
     _quiet_statistics(sql)
-    sql.execute(
-        "INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at, fired_at) "
-        "SELECT 'acme', 'r' || g, 1, 'wait', '{}', now(), now() "
-        "FROM generate_series(1, 50000) g"
-    )
-    sql.execute("ANALYZE timers")
+    _quiet_timers(sql)
     params = {"org_id": "acme", "run_id": "r5", "fired_by": "cancel"}
     for q in (timers_q.pending_of_run, timers_q.lock_pending_of_run, timers_q.close_for_run):
         _assert_by_key(_scans(_plan(sql, q, params)), "timers", "timers_by_step", "run_id")
