@@ -1,6 +1,12 @@
 -- Approvals (R10): requests for a decision, the first decision, the permission table, and the
 -- secret that signs the buttons' tokens. A decision runs with the run's transition lock held (signals.py
 -- lock_run), like a signal: it and the settle that makes the step wait are ordered.
+--
+-- A statement that names its request (approval_id) fences on statuses as `(SELECT ...)`, values
+-- the planner does not see: literal ones let it read a whole partial index they imply --
+-- approvals_one_pending, steps_one_unfinished, timers_due: the organisation's every pending
+-- request, unfinished step or pending timer -- whenever its statistics call that index nearly
+-- empty, instead of the request's own rows by their keys (tests/integration/test_batch_plans.py).
 
 -- name: latest
 -- The newest request of a step (its entry seq): what the step's kind acts on when woken.
@@ -69,7 +75,8 @@ WHERE a.org_id = %(org_id)s AND a.approval_id = %(approval_id)s;
 SELECT a.status, now() >= a.deadline_at AS past_deadline,
        (SELECT t.timer_id FROM timers t
         WHERE t.org_id = a.org_id AND t.run_id = a.run_id AND t.seq = a.seq
-          AND t.purpose = 'deadline' AND t.fired_at IS NULL
+          AND t.purpose = 'deadline'
+          AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
           AND t.intent ->> 'approval_id' = a.approval_id
         ORDER BY t.timer_id DESC LIMIT 1
         FOR UPDATE) AS deadline_timer,
@@ -99,8 +106,8 @@ WITH a AS (
     UPDATE approvals
     SET status = %(status)s, decided_by = %(decided_by)s, decided_via = %(via)s,
         decided_at = now()
-    WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s AND status = 'pending'
-      AND %(status)s::text IS NOT NULL
+    WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s
+      AND status = (SELECT 'pending'::text) AND %(status)s::text IS NOT NULL
     RETURNING org_id, run_id, seq, approval_id, status, decided_by, decided_via, digest
 ),
 target AS (
@@ -115,13 +122,13 @@ waiting AS (
     SELECT target.* FROM target
     JOIN steps st ON st.org_id = target.org_id AND st.run_id = target.run_id
                  AND st.seq = target.seq
-    WHERE st.status = 'waiting' AND st.wait_kind = 'approval'
+    WHERE st.status = (SELECT 'waiting'::text) AND st.wait_kind = 'approval'
 ),
 deadline AS (
     UPDATE timers t SET fired_at = now(), fired_by = 'approval'
     FROM waiting w
     WHERE t.org_id = w.org_id AND t.run_id = w.run_id AND t.seq = w.seq
-      AND t.purpose = 'deadline' AND t.fired_at IS NULL
+      AND t.purpose = 'deadline' AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
     RETURNING t.timer_id
 ),
 to_ready AS (
@@ -153,7 +160,8 @@ SELECT (SELECT count(*) FROM a) AS settled, (SELECT count(*) FROM ready) AS woke
 -- and the run's history says so; the step's kind then applies the deadline's policy.
 WITH e AS (
     UPDATE approvals SET status = 'expired'
-    WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s AND status = 'pending'
+    WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s
+      AND status = (SELECT 'pending'::text)
     RETURNING org_id, run_id, seq, step_id, approval_id, deadline_at
 ),
 hist AS (

@@ -133,7 +133,10 @@ to_ready AS (
            NULL::jsonb AS error, 'circuit_closed' AS event, %(worker)s::text AS worker,
            jsonb_build_object('circuit', c.key) AS detail
     FROM steps st JOIN c ON st.org_id = c.org_id
-    WHERE st.status = 'parked' AND st.wait_kind = 'circuit' AND st.error ->> 'circuit' = c.key
+    -- the organisation's steps parked on a circuit (steps_parked by org and kind: the org is
+    -- the parameter, so never every organisation's parked steps hashed against the circuit)
+    WHERE st.org_id = %(org_id)s AND st.status = 'parked' AND st.wait_kind = 'circuit'
+      AND st.error ->> 'circuit' = c.key
 ),
 {{make_ready}},
 run AS (

@@ -10,6 +10,12 @@
 -- %(note)s is its detail as the caller built it (effect key, idempotency key, provider, the
 -- redacted excerpt of the request or result), to which the statement adds the effect's own
 -- attempt number (owner_token) as it committed.
+--
+-- A statement that names its effect by key fences on its status as `(SELECT '<status>'::text)`,
+-- a value the planner does not see: a literal would let it read the organisation's every
+-- unsettled effect (or every one in review) through the partial index effects_unsettled
+-- (effects_review) whose predicate it implies, whenever its statistics call that index nearly
+-- empty, instead of the one row by effects_pkey (tests/integration/test_batch_plans.py).
 
 -- name: claim
 -- First attempt: create the row in_flight, owned by token 1, with its lease -- unless the run was
@@ -54,7 +60,7 @@ WITH up AS (
     UPDATE effects SET status = 'outcome_unknown',
                        last_error = coalesce(last_error, '{}'::jsonb) || '{"lapsed": true}'::jsonb
     WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-      AND status = 'in_flight' AND lease_until < now()
+      AND status = (SELECT 'in_flight'::text) AND lease_until < now()
     RETURNING run_id, seq, owner_token, lease_until
 ),
 hist AS (
@@ -82,7 +88,8 @@ up AS (
     SET status = 'in_flight', owner_token = owner_token + 1, attempts = attempts + 1,
         lease_until = now() + make_interval(secs => %(lease)s), last_attempt_at = now(),
         retry_approved_by = NULL
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+      AND status = (SELECT 'outcome_unknown'::text)
       AND NOT EXISTS (SELECT 1 FROM run WHERE cancelled)
     RETURNING run_id, seq, owner_token
 ),
@@ -99,7 +106,7 @@ SELECT (SELECT owner_token FROM up) AS owner_token,
 -- Extend the effect lease while the call runs, only while this token owns it.
 UPDATE effects SET lease_until = now() + make_interval(secs => %(lease)s)
 WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-  AND owner_token = %(token)s AND status = 'in_flight'
+  AND owner_token = %(token)s AND status = (SELECT 'in_flight'::text)
 RETURNING lease_until;
 
 -- name: settle
@@ -126,7 +133,7 @@ WITH up AS (
     UPDATE effects
     SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
     WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-      AND owner_token = %(token)s AND status = 'in_flight'
+      AND owner_token = %(token)s AND status = (SELECT 'in_flight'::text)
     RETURNING run_id, seq, owner_token
 ),
 hist AS (
@@ -143,7 +150,7 @@ SELECT owner_token FROM up;
 WITH gone AS (
     DELETE FROM effects
     WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-      AND owner_token = %(token)s AND status = 'in_flight' AND attempts = 1
+      AND owner_token = %(token)s AND status = (SELECT 'in_flight'::text) AND attempts = 1
     RETURNING effect_key, run_id, seq, owner_token
 ),
 hist AS (
@@ -160,7 +167,7 @@ SELECT effect_key FROM gone;
 WITH up AS (
     UPDATE effects SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
     WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
-      AND owner_token = %(token)s AND status = 'in_flight'
+      AND owner_token = %(token)s AND status = (SELECT 'in_flight'::text)
     RETURNING run_id, seq, owner_token
 ),
 hist AS (
@@ -177,7 +184,8 @@ SELECT owner_token FROM up;
 WITH up AS (
     UPDATE effects SET status = 'review', lease_until = NULL,
                        last_error = coalesce(%(error)s, last_error)
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'outcome_unknown'
+    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+      AND status = (SELECT 'outcome_unknown'::text)
     RETURNING run_id, seq, owner_token, first_attempt_at, attempts, last_error
 ),
 hist AS (
@@ -205,7 +213,7 @@ FOR UPDATE;
 -- provider's reference). Every later attempt returns it without calling the provider.
 UPDATE effects
 SET status = 'settled', result = %(result)s, settled_at = now(), lease_until = NULL
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'review'
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
 RETURNING effect_key, result;
 
 -- name: resolve_retry
@@ -213,20 +221,21 @@ RETURNING effect_key, result;
 -- deduplicate it: they checked that the call did not happen, or accept a repeat).
 UPDATE effects
 SET status = 'outcome_unknown', retry_approved_by = %(by)s, lease_until = NULL
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'review'
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
 RETURNING effect_key;
 
 -- name: resolve_skip
 -- A person lets the run go on without this effect: it is never called again.
 UPDATE effects SET status = 'skipped', lease_until = NULL
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = 'review'
+WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
 RETURNING effect_key;
 
 -- name: unsettled_of_step
 -- The effects of one step entry whose outcome is not recorded (in_flight or outcome_unknown):
 -- a cancelled run's step with one runs its kind once more, to reconcile it (never to call).
--- Served by effects_unsettled.
+-- Read by the run (effects_by_run): the statuses are a value the planner does not see, so it
+-- never reads the organisation's every unsettled effect through effects_unsettled.
 SELECT effect_key, status FROM effects
-WHERE org_id = %(org_id)s AND status IN ('in_flight', 'outcome_unknown')
+WHERE org_id = %(org_id)s AND status = ANY ((SELECT ARRAY['in_flight', 'outcome_unknown'])::text[])
   AND run_id = %(run_id)s AND seq = %(seq)s
 LIMIT 1;

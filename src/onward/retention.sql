@@ -110,8 +110,12 @@ WITH eff AS (
       AND payload ->> 'run_id' = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), gone AS (
+    -- by runs_pkey: "finished" is compared with a value the planner does not see, since a
+    -- literal `IS NOT NULL` let its generic plan read the organisation's every finished run
+    -- through runs_finished and filter on the batch (tests/integration/test_batch_plans.py)
     DELETE FROM runs
-    WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[]) AND finished_at IS NOT NULL
+    WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+      AND finished_at IS DISTINCT FROM (SELECT NULL::timestamptz)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS runs, (SELECT count(*) FROM st) AS steps,

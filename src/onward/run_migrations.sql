@@ -30,12 +30,20 @@ ORDER BY step_id, seq DESC;
 -- name: page
 -- The next page of the version's unfinished runs after the cursor, in run id order, each with
 -- its unfinished step and the status of that step's outside effect (its key names the step id
--- and iteration): what a batch moves and what a dry run describes. Served by runs_by_version.
+-- and iteration): what a batch moves and what a dry run describes. Served by runs_by_version,
+-- and each run's step by steps_one_unfinished on the run (a lateral with a LIMIT: never the
+-- organisation's every unfinished step hashed against the page, as a plain join was when the
+-- statistics called that index nearly empty; tests/integration/test_batch_plans.py).
 SELECT r.run_id, r.status, s.seq, s.step_id, s.kind, s.lane, s.status AS step_status,
        s.wait_kind, s.iteration, e.status AS effect
 FROM runs r
-LEFT JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id
-                 AND s.status IN ('ready', 'running', 'waiting', 'parked')
+LEFT JOIN LATERAL (
+    SELECT st.seq, st.step_id, st.kind, st.lane, st.status, st.wait_kind, st.iteration
+    FROM steps st
+    WHERE st.org_id = r.org_id AND st.run_id = r.run_id
+      AND st.status IN ('ready', 'running', 'waiting', 'parked')
+    LIMIT 1
+) s ON true
 LEFT JOIN effects e ON e.org_id = r.org_id
                    AND e.effect_key = r.run_id || '/' || s.step_id || '/' || s.iteration
 WHERE r.org_id = %(org_id)s AND r.automation_id = %(automation_id)s

@@ -44,11 +44,14 @@ FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
 -- name: lock_deadline
 -- Lock the deadline timer of the run's step that waits on signals, if it has not fired. A
 -- fire holding it makes this wait, and then the fired row no longer matches: the deadline won.
--- Holding it, no fire can take the step (fire skips locked timers).
+-- Holding it, no fire can take the step (fire skips locked timers). "Unfired" is compared with
+-- a value the planner does not see, as in timers.sql pending_of_run: a literal `IS NULL` would
+-- let it read the organisation's every pending timer through timers_due (here and in consume).
 SELECT t.timer_id FROM timers t
 JOIN steps st ON st.org_id = t.org_id AND st.run_id = t.run_id AND st.seq = t.seq
 WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s AND t.purpose = 'deadline'
-  AND t.fired_at IS NULL AND st.status = 'waiting' AND st.wait_kind = 'signal'
+  AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz) AND st.status = 'waiting'
+  AND st.wait_kind = 'signal'
 FOR UPDATE OF t;
 
 -- name: consume
@@ -62,9 +65,12 @@ WITH st AS (
     FOR UPDATE
 ),
 sig AS (
+    -- the run's own pending signals (signals_pending by org and run, the parameters, never the
+    -- whole index hashed against the step when its statistics call it nearly empty)
     SELECT s.signal_id, s.name, s.payload, st.seq FROM signals s
     JOIN st ON s.org_id = st.org_id AND s.run_id = st.run_id
-    WHERE s.status = 'pending' AND s.name = ANY (st.signals)
+    WHERE s.org_id = %(org_id)s AND s.run_id = %(run_id)s
+      AND s.status = 'pending' AND s.name = ANY (st.signals)
     ORDER BY s.received_at, s.signal_id
     LIMIT 1
     FOR UPDATE OF s
@@ -79,7 +85,7 @@ deadline AS (
     UPDATE timers t SET fired_at = now(), fired_by = 'signal'
     FROM c
     WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s AND t.seq = c.seq
-      AND t.purpose = 'deadline' AND t.fired_at IS NULL
+      AND t.purpose = 'deadline' AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
     RETURNING t.timer_id
 ),
 to_ready AS (
@@ -134,8 +140,10 @@ verdict AS (
 u AS (
     UPDATE signals s SET status = v.status, reason = v.reason
     FROM verdict v
-    WHERE s.org_id = %(org_id)s AND s.signal_id = %(signal_id)s AND s.status = 'pending'
-      AND v.status IS NOT NULL
+    -- by its key: a literal 'pending' would let the planner read the organisation's every
+    -- pending signal through signals_pending (tests/integration/test_batch_plans.py)
+    WHERE s.org_id = %(org_id)s AND s.signal_id = %(signal_id)s
+      AND s.status = (SELECT 'pending'::text) AND v.status IS NOT NULL
     RETURNING s.signal_id, s.run_id, s.status, s.reason, s.name
 ),
 hist AS (

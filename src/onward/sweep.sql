@@ -74,20 +74,27 @@ CROSS JOIN LATERAL (
 
 -- name: expire_waiting_run
 -- End a waiting/parked run that outlived its budget: its step is cancelled, its timers dropped.
+-- Each fence compares with values the planner does not see (`(SELECT ...)`): literal ones let
+-- it read a whole partial index their predicate implies -- runs_waiting_deadline (the
+-- organisation's every waiting run), steps_one_unfinished and timers_due (every unfinished
+-- step, every pending timer) -- whenever its statistics call that index nearly empty, instead
+-- of this one run's rows by their keys (tests/integration/test_batch_plans.py).
 WITH run AS (
     UPDATE runs SET status = 'exceeded', status_reason = %(reason)s, finished_at = now(),
                     updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND status IN ('waiting', 'parked')
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+      AND status = ANY ((SELECT ARRAY['waiting', 'parked'])::text[])
     RETURNING org_id, run_id
 ),
 st AS (
     UPDATE steps s SET status = 'cancelled', finished_at = now(), updated_at = now()
     FROM run WHERE s.org_id = run.org_id AND s.run_id = run.run_id
-      AND s.status IN ('waiting', 'parked', 'ready')
+      AND s.status = ANY ((SELECT ARRAY['waiting', 'parked', 'ready'])::text[])
 ),
 tm AS (
     UPDATE timers t SET fired_at = now(), fired_by = 'cancelled'
-    FROM run WHERE t.org_id = run.org_id AND t.run_id = run.run_id AND t.fired_at IS NULL
+    FROM run WHERE t.org_id = run.org_id AND t.run_id = run.run_id
+      AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
 ),
 hist AS (
     INSERT INTO history (org_id, run_id, event, worker, detail)

@@ -19,18 +19,29 @@ column; a recompute's ``timers.sql move`` fences on ``fired_at`` as a column (th
 (``timers.sql pending_of_run`` and its kin) compare with a value the planner does not see,
 ``(SELECT ...)``. Each test gives the planner exactly those statistics and reads the
 plan.
+
+The last tests hold every statement to it: the generic plan of each named statement that names
+its run, timer, effect, signal or request reaches the quiet tables by a key (an audit of
+2026-12-06 found 25 such reads in effects, approvals, signals, actions, sweep and retention),
+and a page of runs (a migration's, the console's) looks each run's step up by the run.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
+import onward
+from onward.console.reads import Q as reads_q
+from onward.db.sql import load
 from onward.leases import Q
 from onward.limits import Q as limits_q
+from onward.run_migrations import Q as migrations_q
 from onward.signals import Q as signals_q
 from onward.timers import Q as timers_q
 
@@ -221,3 +232,128 @@ def test_a_runs_pending_timers_are_read_by_the_run(sql: psycopg.Connection) -> N
     params = {"org_id": "acme", "run_id": "r5", "fired_by": "cancel"}
     for q in (timers_q.pending_of_run, timers_q.lock_pending_of_run, timers_q.close_for_run):
         _assert_by_key(_scans(_plan(sql, q, params)), "timers", "timers_by_step", "run_id")
+
+
+# -- every statement that names one run, timer, effect, signal or request ----------------------
+
+SRC = Path(onward.__file__).parent
+_PARAM = re.compile(r"%\((\w+)\)s")
+#: A statement with one of these parameters names its rows by key: it must reach them by key.
+KEY_PARAMS = {"run_id", "run_ids", "items", "timer_ids", "effect_key", "signal_id", "approval_id"}
+#: An index condition on one of these columns is a lookup by key.
+KEY_COLUMNS = ("run_id", "timer_id", "effect_key", "signal_id", "approval_id", "correlation_key")
+#: Tables the quiet statistics fill (a whole scan of any other is a scan of nothing).
+QUIET_TABLES = ("steps", "runs", "timers", "signals", "approvals", "effects")
+#: Statements that name a key and yet read by organisation, on purpose.
+ORG_WIDE = {
+    # the probe (run_id, seq) closed its circuit: every step of the organisation parked on it
+    # resumes (steps_parked by organisation and kind)
+    "circuits.close",
+    # listings: a run's filter is optional ("x IS NULL OR"), sent unprepared (a custom plan)
+    "signals.list",
+    "approvals.list",
+    # a test helper's read
+    "testing.rows.run_effects",
+}
+
+
+def _quiet_everything(sql: psycopg.Connection) -> None:
+    """50,000 finished rows in each table whose partial indexes hold only live ones, analysed:
+    every such index looks empty to the planner."""
+    _quiet_statistics(sql)
+    _quiet_runs(sql)
+    _quiet_timers(sql)
+    sql.execute(
+        "INSERT INTO signals (org_id, signal_id, name, status, run_id) "
+        "SELECT 'acme', 's' || g, 'reply', 'consumed', 'r' || g FROM generate_series(1, 50000) g"
+    )
+    sql.execute(
+        "INSERT INTO approvals (org_id, approval_id, run_id, seq, step_id, request, digest, "
+        "content, approvers, nonce, status, deadline_at) "
+        "SELECT 'acme', 'a' || g, 'r' || g, 1, 'a', 1, 'd', 'c', '{}', 'n' || g, 'approved', "
+        "now() FROM generate_series(1, 50000) g"
+    )
+    sql.execute(
+        "INSERT INTO effects (org_id, effect_key, run_id, seq, provider, status) "
+        "SELECT 'acme', 'e' || g, 'r' || g, 1, 'crm', 'settled' FROM generate_series(1, 50000) g"
+    )
+    sql.execute("ANALYZE")
+
+
+def _statements() -> list[tuple[str, str]]:
+    """(module.name, text) of every named statement beside a module (as test_code finds them)."""
+    found = []
+    for path in sorted(SRC.rglob("*.sql")):
+        if path.parent.name == "migrations" or path.name in ("fragments.sql", "schema.sql"):
+            continue
+        package = ".".join(("onward", *path.parent.relative_to(SRC).parts))
+        prefix = ".".join((*path.parent.relative_to(SRC).parts, path.stem))
+        found += [(f"{prefix}.{name}", text) for name, text in load(package, path.name).items()]
+    return found
+
+
+def test_no_statement_that_names_a_key_reads_a_whole_partial_index(
+    sql: psycopg.Connection,
+) -> None:
+    # The generic plan of every statement (the plan a prepared statement may settle on),
+    # under statistics that call every partial index nearly empty: a statement that names its
+    # run, timer, effect, signal or request reaches every row of the quiet tables by a key --
+    # never through a partial index read by organisation (or whole) and filtered, as eight
+    # statements did before 2026-12-06's audit (actions.make_ready, signals.consume and
+    # lock_deadline, sweep.expire_waiting_run, seven effects transitions, approvals.lock,
+    # settle and expire).
+    _quiet_everything(sql)
+    partial = {
+        r["indexrelid"]
+        for r in sql.execute(
+            "SELECT indexrelid::regclass::text AS indexrelid FROM pg_index "
+            "WHERE indpred IS NOT NULL"
+        )
+    }
+    sql.execute("SET plan_cache_mode = force_generic_plan")
+    problems, checked = [], 0
+    for name, text in _statements():
+        params: list[str] = []
+
+        def positional(m: re.Match[str], params: list[str] = params) -> str:
+            if m.group(1) not in params:
+                params.append(m.group(1))
+            return f"${params.index(m.group(1)) + 1}"
+
+        if not KEY_PARAMS & set(_PARAM.findall(text)) or name in ORG_WIDE:
+            continue
+        prepared = _PARAM.sub(positional, text).replace("%%", "%")
+        sql.execute(f"PREPARE audit{checked} AS {prepared}", prepare=False)
+        nulls = ", ".join(["NULL"] * len(params))
+        row = sql.execute(
+            f"EXPLAIN (FORMAT JSON) EXECUTE audit{checked}({nulls})", prepare=False
+        ).fetchone()
+        assert row is not None
+        plan = next(iter(row.values()))[0]["Plan"]
+        checked += 1
+        for node, relation, cond in _scans(plan):
+            whole = node == "Seq Scan" and relation in QUIET_TABLES
+            by_org = relation in partial and not any(k in cond for k in KEY_COLUMNS)
+            if whole or by_org:
+                problems.append(f"{name}: {node} on {relation} [{cond}]")
+    assert checked > 60, checked
+    assert problems == [], "\n".join(problems)
+
+
+def test_a_page_of_runs_looks_each_runs_step_up_by_the_run(sql: psycopg.Connection) -> None:
+    # a migration's page and the console's pages annotate each run with its unfinished step:
+    # by the run (a lateral with a LIMIT), never the organisation's every unfinished step
+    # hashed against the page
+    _quiet_statistics(sql)
+    _quiet_runs(sql)
+    page = {"org_id": "acme", "automation_id": "a", "version": 1, "after": "", "limit": 100}
+    _assert_by_key(
+        _scans(_plan(sql, migrations_q.page, page)), "steps", "steps_one_unfinished", "run_id"
+    )
+    filters = dict.fromkeys(
+        ("status", "automation_id", "version", "contact_id", "parked", "since", "until"), None
+    )
+    console = {"org_id": "acme", **filters, "cursor_at": None, "cursor_id": None, "limit": 50}
+    _assert_by_key(
+        _scans(_plan(sql, reads_q.page_older, console)), "steps", "steps_one_unfinished", "run_id"
+    )

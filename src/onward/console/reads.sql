@@ -5,7 +5,10 @@
 
 -- name: page_older
 -- A page of runs, newest first, older than the cursor (created_at, run_id) when one is given.
--- Each run with its unfinished step (at most one: steps_one_unfinished).
+-- Each run with its unfinished step (at most one: steps_one_unfinished), looked up by the run:
+-- the LIMIT keeps the planner from turning the lateral into a join that reads the
+-- organisation's every unfinished step and hashes it, as it did when its statistics called
+-- that index nearly empty (tests/integration/test_batch_plans.py).
 SELECT r.run_id, r.automation_id, r.version, r.status, r.status_reason, r.contact_id,
        r.steps_executed, r.created_at, r.updated_at, r.finished_at,
        s.step_id AS step_id, s.status AS step_status, s.wait_kind, s.lane
@@ -14,6 +17,7 @@ LEFT JOIN LATERAL (
     SELECT st.step_id, st.status, st.wait_kind, st.lane FROM steps st
     WHERE st.org_id = r.org_id AND st.run_id = r.run_id
       AND st.status IN ('ready', 'running', 'waiting', 'parked')
+    LIMIT 1
 ) s ON true
 WHERE r.org_id = %(org_id)s
   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
@@ -41,6 +45,7 @@ LEFT JOIN LATERAL (
     SELECT st.step_id, st.status, st.wait_kind, st.lane FROM steps st
     WHERE st.org_id = r.org_id AND st.run_id = r.run_id
       AND st.status IN ('ready', 'running', 'waiting', 'parked')
+    LIMIT 1
 ) s ON true
 WHERE r.org_id = %(org_id)s
   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
