@@ -30,6 +30,11 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     assert "history" in eng["tables"] and "runs" in eng["tables"]
     # one history row per step: a claim writes none, a run's completion rides on its last step
     assert eng["tables"]["history"]["ins_per_step"] <= 1.05
+    # where the WAL went: the records of the window by relation add up to its bytes (less the
+    # pages' own headers and padding), the steps', runs' and history's rows among them
+    by_rel = eng["wal_by_relation"]
+    assert {"steps", "steps_pkey", "runs", "history"} <= set(by_rel)
+    assert 0.8 * eng["wal_bytes_per_step"] <= sum(by_rel.values()) <= eng["wal_bytes_per_step"]
     assert eng["worker_rss_mb"] and all(0 < mb < 1024 for mb in eng["worker_rss_mb"])
     assert res["starts"]["starts_per_s"] > 0
     # the ceiling: the same number of steps by the plain loops, in the same sitting

@@ -541,6 +541,33 @@ def table_delta(a: TableStats, b: TableStats, steps: int) -> dict[str, dict[str,
     return out
 
 
+# Each WAL record of the window by the relation its first block belongs to (the scratch
+# database's only): heap and index records apart, so a reader sees which rows and which index
+# entries the bytes per step are. pg_walinspect ships with PostgreSQL 15 (contrib).
+WAL_BY_RELATION = r"""
+SELECT coalesce(c.relname, 'other') AS relation, sum(w.record_length)::bigint AS bytes
+FROM pg_get_wal_records_info(%(a)s::pg_lsn, %(b)s::pg_lsn) w
+LEFT JOIN pg_class c
+       ON c.relfilenode::text = substring(w.block_ref FROM 'rel \d+/\d+/(\d+)')
+      AND substring(w.block_ref FROM 'rel \d+/(\d+)/')
+          = (SELECT oid::text FROM pg_database WHERE datname = current_database())
+GROUP BY 1 ORDER BY 2 DESC
+"""
+
+
+def wal_by_relation(url: str, a: DbCounters, b: DbCounters, steps: int) -> dict[str, float]:
+    """WAL bytes per step between two readings by relation (table or index; "other": records of
+    no relation of this database, commits among them), largest first; empty when
+    pg_walinspect cannot be installed (it needs a superuser, as the scratch databases have)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            rows = conn.execute(WAL_BY_RELATION, {"a": a.wal_lsn, "b": b.wal_lsn}).fetchall()
+        except psycopg.Error:
+            return {}
+    return {str(r[0]): round(int(r[1]) / max(steps, 1), 1) for r in rows}
+
+
 @dataclass(frozen=True)
 class CpuSnap:
     wall: float

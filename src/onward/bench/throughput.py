@@ -10,8 +10,9 @@ One sitting, on a scratch database, in this order:
    steps/s, runs/s, each run's latency from its first claim to its completion, commits per
    step (``pg_stat_database.xact_commit`` of the scratch database: every transaction, read-only
    ones too), write transactions per step (``txid_current()`` deltas, cluster-wide), WAL bytes
-   per step, CPU milliseconds per step of the workers and of the server, and each worker's
-   peak RSS (``VmHWM``).
+   per step (and, where ``pg_walinspect`` can be installed, by relation: which rows and which
+   index entries the bytes are), CPU milliseconds per step of the workers and of the server,
+   and each worker's peak RSS (``VmHWM``).
 3. **ceiling**: the same number of claim/settle transactions issued by a plain psycopg loop
    (W processes x C connections, the connections the workers hold): minimal statements on a
    steps-shaped scratch table (median of ``reps``), then onward's own claim and settle SQL
@@ -59,6 +60,7 @@ from onward.bench.ceiling import (
     settle_stats,
     table_delta,
     vm_kb,
+    wal_by_relation,
 )
 from onward.bench.db import scratch_database
 from onward.bench.proc import Child, warm_pool
@@ -253,6 +255,7 @@ def _drain(url: str, o: dict[str, Any], org: str = "bench") -> dict[str, Any]:
             "worker_rss_mb": [round(d["vm_hwm_kb"] / 1024, 1) for d in done] or hwm,
             "statements": _merge_statements([d.get("statements") or {} for d in done], executed),
             "tables": table_delta(tables0, db1.tables, executed),
+            "wal_by_relation": wal_by_relation(url, db0, db1, executed),
         },
     }
 
@@ -691,6 +694,11 @@ def render(res: dict[str, Any]) -> str:
             for name, v in r.get("tables", {}).items()
         ]
         lines.append(f"          {tier:<15} " + "; ".join(cells))
+    if eng.get("wal_by_relation"):
+        rels = list(eng["wal_by_relation"].items())
+        lines.append("        WAL bytes per step by relation (pg_walinspect), largest first:")
+        for i in range(0, min(len(rels), 18), 6):
+            lines.append("          " + "; ".join(f"{name} {b:.0f}" for name, b in rels[i : i + 6]))
     if "live" in res:
         lv = res["live"]
         lines.append(
