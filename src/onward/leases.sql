@@ -48,12 +48,16 @@ FOR SHARE;
 -- Extend the leases this worker still holds (each by its lane's lease), all in one statement. A step missing from the
 -- result was taken over (its attempt moved on) or finished: its task must stop at once.
 -- The fence's status is a column of the materialised batch (`holding`), as in settle_advance:
--- a constant would let the planner read a whole partial index it implies and hash it.
+-- a constant would let the planner read a whole partial index it implies and hash it. The
+-- batch is locked in key order, as the settle's and a migration's batches are (runs by id):
+-- two batches that share steps wait for each other, never in a cycle (a heartbeat, a settle
+-- of the same worker and a migration deadlocked in a chaos run of 2026-12-06).
 WITH h AS MATERIALIZED (
     SELECT h.org_id, h.run_id, h.seq, h.attempt, h.lease, 'running'::text AS holding
     FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[],
                 %(attempts)s::int[], %(leases)s::float8[])
          AS h(org_id, run_id, seq, attempt, lease)
+    ORDER BY h.org_id, h.run_id, h.seq
 )
 UPDATE steps s
 SET lease_until = now() + make_interval(secs => h.lease)
@@ -88,6 +92,8 @@ WITH x AS MATERIALIZED (
         org_id text, run_id text, seq int, attempt int, output jsonb, vars jsonb,
         next_step_id text, next_kind text, next_lane text, next_iteration int, eager bool,
         done_status text, detail jsonb, lease float8, keep bool)
+    -- locked in key order (its steps, then its runs), as the heartbeat's batch is
+    ORDER BY x.org_id, x.run_id, x.seq
 ),
 done AS (
     UPDATE steps s

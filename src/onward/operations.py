@@ -31,6 +31,8 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
+
 from onward import audit, ids, pseudonyms
 from onward.db import Conn, Pool
 from onward.db.sql import Queries
@@ -42,6 +44,7 @@ LEASE_SECONDS = 30.0
 BATCH = 500
 MAX_PASSES = 30  # passes over the runs while some are deferred (in flight)
 PASS_PAUSE = 1.0  # seconds between two passes: the deferred runs' steps may settle meanwhile
+TRANSIENT_RETRIES = 5  # a batch chosen as a deadlock's victim is taken again, at most this often
 
 # A batch: (conn, org_id, params, after_run_id, limit) -> the runs it handled, in run id
 # order, each {"run_id": .., "outcome": .., ...}. Fewer than ``limit`` means finished.
@@ -118,49 +121,22 @@ async def drive(
 ) -> dict[str, Any]:
     """Run the operation's batches until it is done; returns its final row. ``on_batch`` sees
     the row after each batch and that batch's per-run results (progress for a CLI or a
-    stream); ``results``, if given, collects every per-run result."""
+    stream); ``results``, if given, collects every per-run result. A batch the database chose
+    as a deadlock's victim (or a serialization failure) rolled back whole, its progress too: it
+    is taken again, up to ``TRANSIENT_RETRIES`` times in a row."""
+    transient = 0
     while True:
-        async with pool.connection() as conn, conn.transaction():
-            op = await (
-                await conn.execute(Q.take, {"org_id": org_id, "operation_id": operation_id})
-            ).fetchone()
-            if op is None:
-                return await get(pool, org_id, operation_id)
-            fn = batch_function(op["kind"])
-            try:
-                handled = await fn(conn, org_id, op["params"], op["after_run_id"], batch)
-            except InvalidInput as exc:
-                raise _Failed(str(exc)) from exc
-            outcomes: dict[str, int] = {}
-            for r in handled:
-                if r["outcome"] != "deferred":
-                    outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
-            deferred = op["deferred"] + sum(1 for r in handled if r["outcome"] == "deferred")
-            scanned = len(handled) < batch
-            params = op["params"]
-            again = scanned and deferred > 0 and op["pass"] < params.get("max_passes", MAX_PASSES)
-            finished = scanned and not again
-            if finished and deferred:
-                outcomes["deferred"] = deferred  # still deferred in the last pass
-            row = await (
-                await conn.execute(
-                    Q.progress,
-                    {
-                        "org_id": org_id,
-                        "operation_id": operation_id,
-                        "after_run_id": ""
-                        if again
-                        else (handled[-1]["run_id"] if handled else op["after_run_id"]),
-                        "n": sum(outcomes.values()),
-                        "outcomes": json.dumps(outcomes),
-                        "finished": finished,
-                        "next_pass": again,
-                        "deferred": 0 if again else deferred,
-                        "lease": LEASE_SECONDS,
-                    },
-                )
-            ).fetchone()
-        assert row is not None
+        try:
+            row, handled, again, params = await _batch(pool, org_id, operation_id, batch)
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+            transient += 1
+            if transient > TRANSIENT_RETRIES:
+                raise
+            await asyncio.sleep(0.05 * transient)
+            continue
+        transient = 0
+        if row is None:
+            return await get(pool, org_id, operation_id)
         if results is not None:
             results.extend(handled)
         if on_batch is not None:
@@ -169,6 +145,55 @@ async def drive(
             return dict(row)
         if again:
             await asyncio.sleep(float(params.get("pass_pause_s", PASS_PAUSE)))
+
+
+async def _batch(
+    pool: Pool, org_id: str, operation_id: str, batch: int
+) -> tuple[Any, list[dict[str, Any]], bool, dict[str, Any]]:
+    """One batch of the operation in one transaction: its row after the batch (None: nothing
+    left to take), the per-run results, whether another pass follows, its parameters."""
+    async with pool.connection() as conn, conn.transaction():
+        op = await (
+            await conn.execute(Q.take, {"org_id": org_id, "operation_id": operation_id})
+        ).fetchone()
+        if op is None:
+            return None, [], False, {}
+        fn = batch_function(op["kind"])
+        try:
+            handled = await fn(conn, org_id, op["params"], op["after_run_id"], batch)
+        except InvalidInput as exc:
+            raise _Failed(str(exc)) from exc
+        outcomes: dict[str, int] = {}
+        for r in handled:
+            if r["outcome"] != "deferred":
+                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+        deferred = op["deferred"] + sum(1 for r in handled if r["outcome"] == "deferred")
+        scanned = len(handled) < batch
+        params = op["params"]
+        again = scanned and deferred > 0 and op["pass"] < params.get("max_passes", MAX_PASSES)
+        finished = scanned and not again
+        if finished and deferred:
+            outcomes["deferred"] = deferred  # still deferred in the last pass
+        row = await (
+            await conn.execute(
+                Q.progress,
+                {
+                    "org_id": org_id,
+                    "operation_id": operation_id,
+                    "after_run_id": ""
+                    if again
+                    else (handled[-1]["run_id"] if handled else op["after_run_id"]),
+                    "n": sum(outcomes.values()),
+                    "outcomes": json.dumps(outcomes),
+                    "finished": finished,
+                    "next_pass": again,
+                    "deferred": 0 if again else deferred,
+                    "lease": LEASE_SECONDS,
+                },
+            )
+        ).fetchone()
+    assert row is not None
+    return row, handled, again, params
 
 
 class _Failed(Exception):

@@ -475,3 +475,33 @@ async def test_cancel_from_the_cli_one_run_in_bulk_and_the_operations(
         bad = run_onward(db_url, *argv, env=env)
         assert bad.returncode == 2, (argv, bad.stdout, bad.stderr)
         assert bad.stderr.startswith("onward: ") and len(bad.stderr.strip().splitlines()) == 1
+
+
+async def test_a_bulk_cancel_chosen_as_a_deadlocks_victim_takes_its_batch_again(
+    engine: Engine, sql: psycopg.Connection[Any], db_url: str
+) -> None:
+    # Another transaction holds the second run's row while the batch (which locks runs in id
+    # order) holds the first and waits for it; then it asks for the first: a cycle, of which
+    # the batch is the victim (it waited first). Its transaction rolled back whole, so the
+    # operation takes the batch again and finishes both runs -- it does not fail.
+    await engine.publish(Automation("victim").step("a", "set", values={"x": "1"}).build())
+    first, second = sorted(await start_many(engine, "victim", 2, "v"))
+    org = engine.settings.org_id
+    lock = "SELECT 1 FROM runs WHERE org_id = %s AND run_id = %s FOR UPDATE"
+    with psycopg.connect(db_url) as other:
+        other.execute(lock, (org, second))
+        task = asyncio.create_task(engine.cancel_many(automation_id="victim", by="ops"))
+
+        async def waits() -> bool:
+            row = sql.execute(
+                "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND pid <> %s",
+                (other.info.backend_pid,),
+            ).fetchone()
+            return bool(row and row["n"])
+
+        await eventually(waits, what="the batch waits on the second run")
+        other.execute(lock, (org, first))  # returns once the victim's transaction is gone
+        other.commit()
+    op = await task
+    assert (op["status"], op["done"], op["outcomes"]) == ("done", 2, {"cancelled": 2})
+    assert {run_row(sql, r)["status"] for r in (first, second)} == {"cancelled"}
