@@ -298,10 +298,10 @@ def test_no_statement_that_names_a_key_reads_a_whole_partial_index(
     # The generic plan of every statement (the plan a prepared statement may settle on),
     # under statistics that call every partial index nearly empty: a statement that names its
     # run, timer, effect, signal or request reaches every row of the quiet tables by a key --
-    # never through a partial index read by organisation (or whole) and filtered, as eight
-    # statements did before 2026-12-06's audit (actions.make_ready, signals.consume and
-    # lock_deadline, sweep.expire_waiting_run, seven effects transitions, approvals.lock,
-    # settle and expire).
+    # never through a partial index read by organisation (or whole) and filtered, as 20
+    # statements did before 2026-12-06's audit (eleven of effects.sql, approvals' settle, lock
+    # and expire, signals' consume, lock_deadline and settle_unconsumed, actions.make_ready,
+    # sweep.expire_waiting_run, retention.delete_runs).
     _quiet_everything(sql)
     partial = {
         r["indexrelid"]
