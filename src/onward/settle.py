@@ -11,13 +11,19 @@ batcher flushes whatever is pending at once (after one turn of the event loop, s
 in the same turn join), with at most ``inflight`` statements running. Under load the pending
 list grows while statements run, so batches grow by themselves; an idle worker settles a single
 step with no added wait. Each row is fenced on its own; a failed statement fails every chain in
-it, and each then treats its outcome as unknown, which the fence makes safe.
+it, and each then treats its outcome as unknown, which the fence makes safe -- except a
+statement the database chose as a deadlock's victim (its batch and another transaction's, a
+migration's or a heartbeat's, waiting on each other's steps): it rolled back whole, so it is
+sent again at once, up to ``TRANSIENT_RETRIES`` times, instead of leaving its steps to their
+leases.
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+import psycopg
 
 from onward import approvals, connections, leases, metrics, signals
 from onward.crashpoints import crash_point
@@ -26,6 +32,8 @@ from onward.leases import AdvanceSettle, Token
 from onward.policy import Defer, Proceed, Retry, Stop, WaitTimer
 
 _Pending = tuple[AdvanceSettle, "asyncio.Future[dict[str, Any] | None]"]
+TRANSIENT_RETRIES = 3  # a settle chosen as a deadlock's victim is sent again, at most this often
+_TRANSIENT = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
 class SettleBatcher:
@@ -66,11 +74,18 @@ class SettleBatcher:
                 task.add_done_callback(self._flushes.discard)
 
     async def _flush(self, batch: list[_Pending]) -> None:
+        items = [item for item, _ in batch]
         try:
             async with self.pool.connection() as conn:
-                rows = await leases.settle_advance_many(
-                    conn, [item for item, _ in batch], worker=self.worker, lease=self.lease
-                )
+                for retry in range(TRANSIENT_RETRIES + 1):
+                    try:
+                        rows = await leases.settle_advance_many(
+                            conn, items, worker=self.worker, lease=self.lease
+                        )
+                        break
+                    except _TRANSIENT:
+                        if retry == TRANSIENT_RETRIES:
+                            raise
             self.statements += 1
         except BaseException as exc:
             for _, fut in batch:
