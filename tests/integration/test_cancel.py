@@ -32,7 +32,16 @@ from onward.api import ApiServer, create_app
 from onward.engine import Engine
 from onward.sandbox import SandboxAdmin, SandboxServer
 from onward.sweep import Sweeper
-from onward.testing import api_key, auth, eventually, history, run_row, step_row, steps
+from onward.testing import (
+    api_key,
+    auth,
+    eventually,
+    history,
+    lock_awaited,
+    run_row,
+    step_row,
+    steps,
+)
 from onward.testing.processes import run_onward
 
 ENTERED: dict[str, asyncio.Event] = {}  # run_id -> set when cancel.gate's handler began
@@ -491,15 +500,9 @@ async def test_a_bulk_cancel_chosen_as_a_deadlocks_victim_takes_its_batch_again(
     with psycopg.connect(db_url) as other:
         other.execute(lock, (org, second))
         task = asyncio.create_task(engine.cancel_many(automation_id="victim", by="ops"))
-
-        async def waits() -> bool:
-            row = sql.execute(
-                "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND pid <> %s",
-                (other.info.backend_pid,),
-            ).fetchone()
-            return bool(row and row["n"])
-
-        await eventually(waits, what="the batch waits on the second run")
+        await lock_awaited(
+            sql, besides=other.info.backend_pid, what="the batch waits on the second run"
+        )
         other.execute(lock, (org, first))  # returns once the victim's transaction is gone
         other.commit()
     op = await task

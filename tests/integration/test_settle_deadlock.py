@@ -17,7 +17,7 @@ from onward.automations.builder import Automation
 from onward.engine import Engine
 from onward.leases import AdvanceSettle, Token
 from onward.settle import SettleBatcher
-from onward.testing import eventually
+from onward.testing import eventually, lock_awaited
 
 
 def _deadlocks(sql: psycopg.Connection[Any]) -> int:
@@ -49,15 +49,9 @@ async def test_a_settle_chosen_as_a_deadlocks_victim_is_sent_again(
     with psycopg.connect(db_url) as other:
         other.execute(lock, (org, second))
         settles = asyncio.gather(*(batcher.settle(item) for item in items))
-
-        async def waits() -> bool:
-            row = sql.execute(
-                "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND pid <> %s",
-                (other.info.backend_pid,),
-            ).fetchone()
-            return bool(row and row["n"])
-
-        await eventually(waits, what="the batch waits on the second step")
+        await lock_awaited(
+            sql, besides=other.info.backend_pid, what="the batch waits on the second step"
+        )
         other.execute(lock, (org, first))  # returns once the victim's statement is gone
         other.commit()
     rows = await settles

@@ -12,7 +12,8 @@ Databases (:mod:`onward.testing.databases`)
 Waiting (:mod:`onward.testing.waiting`)
     ``await eventually(check, timeout=, interval=, what=)`` and ``eventually_sync(...)``: poll
     until ``check()`` returns something truthy and return it; ``AssertionError`` with the last
-    value at the timeout. Never a fixed sleep.
+    value at the timeout. Never a fixed sleep. ``await lock_awaited(sql, besides=pid)``: until
+    a backend other than ``pid`` waits for a lock (a test that makes a real deadlock).
 
 Processes (:mod:`onward.testing.processes`)
     ``Process``: a child writing to a log file -- ``alive()``, ``signal(sig)``, ``kill()``,
@@ -95,7 +96,7 @@ from onward.testing.rows import (
     steps,
     unfinished_runs,
 )
-from onward.testing.waiting import eventually, eventually_sync
+from onward.testing.waiting import eventually, eventually_sync, lock_awaited
 
 __all__ = [
     "Process",
@@ -115,6 +116,7 @@ __all__ = [
     "history",
     "libfaketime",
     "loaded_modules",
+    "lock_awaited",
     "lost_runs",
     "onward_argv",
     "peak_rss_mb",

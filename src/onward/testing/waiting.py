@@ -47,3 +47,17 @@ def eventually_sync(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r})")
         time.sleep(interval)
+
+
+async def lock_awaited(sql: Any, *, besides: int, what: str = "a lock awaited") -> None:
+    """Until some backend other than ``besides`` (the pid of the connection that holds the
+    lock) waits for a lock: the moment a test that makes a real deadlock asks for its second
+    lock. ``sql``: a synchronous psycopg connection returning dict rows."""
+
+    async def waits() -> bool:
+        row = sql.execute(
+            "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND pid <> %s", (besides,)
+        ).fetchone()
+        return bool(row and row["n"])
+
+    await eventually(waits, what=what)
