@@ -236,6 +236,7 @@ RETURNING effect_key;
 -- Read by the run (effects_by_run): the statuses are a value the planner does not see, so it
 -- never reads the organisation's every unsettled effect through effects_unsettled.
 SELECT effect_key, status FROM effects
-WHERE org_id = %(org_id)s AND status = ANY ((SELECT ARRAY['in_flight', 'outcome_unknown'])::text[])
+WHERE org_id = %(org_id)s
+  AND status = ANY ((SELECT ARRAY['in_flight', 'outcome_unknown'])::text[])
   AND run_id = %(run_id)s AND seq = %(seq)s
 LIMIT 1;

@@ -49,9 +49,12 @@ FOR SHARE;
 -- result was taken over (its attempt moved on) or finished: its task must stop at once.
 -- The fence's status is a column of the materialised batch (`holding`), as in settle_advance:
 -- a constant would let the planner read a whole partial index it implies and hash it. The
--- batch is locked in key order, as the settle's and a migration's batches are (runs by id):
--- two batches that share steps wait for each other, never in a cycle (a heartbeat, a settle
--- of the same worker and a migration deadlocked in a chaos run of 2026-12-06).
+-- batch is sorted by key, as the settle's is and a migration's is (runs by id), so a plan that
+-- walks it (a nested loop by steps_pkey: test_batch_plans) locks in one order and two batches
+-- that share steps wait for each other rather than in a cycle (a heartbeat, a settle of the
+-- same worker and a migration deadlocked in a chaos run of 2026-12-06). A plan that does not
+-- (a hash join over a small table) may still deadlock: the settle's victim is sent again
+-- (settle.py), a heartbeat's is tried at its next beat.
 WITH h AS MATERIALIZED (
     SELECT h.org_id, h.run_id, h.seq, h.attempt, h.lease, 'running'::text AS holding
     FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[],

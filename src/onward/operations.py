@@ -31,10 +31,8 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
-
 from onward import audit, ids, pseudonyms
-from onward.db import Conn, Pool
+from onward.db import Conn, Pool, repeat_rolled_back
 from onward.db.sql import Queries
 from onward.errors import InvalidInput, UnknownOperation
 
@@ -44,7 +42,6 @@ LEASE_SECONDS = 30.0
 BATCH = 500
 MAX_PASSES = 30  # passes over the runs while some are deferred (in flight)
 PASS_PAUSE = 1.0  # seconds between two passes: the deferred runs' steps may settle meanwhile
-TRANSIENT_RETRIES = 5  # a batch chosen as a deadlock's victim is taken again, at most this often
 
 # A batch: (conn, org_id, params, after_run_id, limit) -> the runs it handled, in run id
 # order, each {"run_id": .., "outcome": .., ...}. Fewer than ``limit`` means finished.
@@ -122,19 +119,12 @@ async def drive(
     """Run the operation's batches until it is done; returns its final row. ``on_batch`` sees
     the row after each batch and that batch's per-run results (progress for a CLI or a
     stream); ``results``, if given, collects every per-run result. A batch the database chose
-    as a deadlock's victim (or a serialization failure) rolled back whole, its progress too: it
-    is taken again, up to ``TRANSIENT_RETRIES`` times in a row."""
-    transient = 0
+    as a deadlock's victim rolled back whole, its progress too: it is taken again
+    (``db.repeat_rolled_back``)."""
     while True:
-        try:
-            row, handled, again, params = await _batch(pool, org_id, operation_id, batch)
-        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
-            transient += 1
-            if transient > TRANSIENT_RETRIES:
-                raise
-            await asyncio.sleep(0.05 * transient)
-            continue
-        transient = 0
+        row, handled, again, params = await repeat_rolled_back(
+            lambda: _batch(pool, org_id, operation_id, batch)
+        )
         if row is None:
             return await get(pool, org_id, operation_id)
         if results is not None:

@@ -14,8 +14,7 @@ step with no added wait. Each row is fenced on its own; a failed statement fails
 it, and each then treats its outcome as unknown, which the fence makes safe -- except a
 statement the database chose as a deadlock's victim (its batch and another transaction's, a
 migration's or a heartbeat's, waiting on each other's steps): it rolled back whole, so it is
-sent again at once, up to ``TRANSIENT_RETRIES`` times, instead of leaving its steps to their
-leases.
+sent again at once (``db.repeat_rolled_back``) instead of leaving its steps to their leases.
 """
 
 from __future__ import annotations
@@ -23,17 +22,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import psycopg
-
 from onward import approvals, connections, leases, metrics, signals
 from onward.crashpoints import crash_point
-from onward.db import Conn, Pool
+from onward.db import Conn, Pool, repeat_rolled_back
 from onward.leases import AdvanceSettle, Token
 from onward.policy import Defer, Proceed, Retry, Stop, WaitTimer
 
 _Pending = tuple[AdvanceSettle, "asyncio.Future[dict[str, Any] | None]"]
-TRANSIENT_RETRIES = 3  # a settle chosen as a deadlock's victim is sent again, at most this often
-_TRANSIENT = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
 class SettleBatcher:
@@ -77,15 +72,11 @@ class SettleBatcher:
         items = [item for item, _ in batch]
         try:
             async with self.pool.connection() as conn:
-                for retry in range(TRANSIENT_RETRIES + 1):
-                    try:
-                        rows = await leases.settle_advance_many(
-                            conn, items, worker=self.worker, lease=self.lease
-                        )
-                        break
-                    except _TRANSIENT:
-                        if retry == TRANSIENT_RETRIES:
-                            raise
+                rows = await repeat_rolled_back(
+                    lambda: leases.settle_advance_many(
+                        conn, items, worker=self.worker, lease=self.lease
+                    )
+                )
             self.statements += 1
         except BaseException as exc:
             for _, fut in batch:

@@ -6,6 +6,7 @@ database abstraction layer, only named SQL files beside the modules that run the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -235,3 +236,27 @@ async def write(pool: Pool, fn: Callable[[], Awaitable[T]]) -> T:
     """``await fn()``, never repeated: a lost connection becomes ``Unavailable`` (whether the
     write was applied is unknown; repeat it only if it is idempotent)."""
     return await _attempt(pool, fn, repeat=False)
+
+
+TRANSIENT_REPEATS = 5
+"""How often :func:`repeat_rolled_back` repeats a transaction the database rolled back."""
+# sqlstates of a transaction the database rolled back whole to break a conflict: 40P01 a
+# deadlock's victim, 40001 a serialization failure. Nothing it wrote remains.
+_ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+async def repeat_rolled_back(fn: Callable[[], Awaitable[T]]) -> T:
+    """``await fn()`` -- one transaction, or one statement in autocommit -- repeated when the
+    database chose it as a deadlock's victim or failed it for serialization (it rolled back
+    whole, so a repeat applies it once), up to ``TRANSIENT_REPEATS`` times, after a pause that
+    grows a little each time; the last such error is raised. A settle batch of workers and an
+    operation's batch (a migration's, a bulk cancel's) lock the same steps: either may lose."""
+    for repeat in range(TRANSIENT_REPEATS + 1):
+        try:
+            return await fn()
+        except _ROLLED_BACK:
+            if repeat == TRANSIENT_REPEATS:
+                raise
+            log.info("repeating a transaction the database rolled back (deadlock or conflict)")
+            await asyncio.sleep(0.01 * (repeat + 1))
+    raise AssertionError("unreachable")
