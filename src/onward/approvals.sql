@@ -39,7 +39,7 @@ ins AS (
     RETURNING *
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
     SELECT org_id, run_id, 'approval_requested', seq, step_id, %(worker)s,
            jsonb_build_object('approval_id', approval_id, 'request', request, 'digest', digest,
                               'approvers', approvers, 'deadline_at', deadline_at,
@@ -165,7 +165,7 @@ WITH e AS (
     RETURNING org_id, run_id, seq, step_id, approval_id, deadline_at
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
     SELECT org_id, run_id, 'approval_expired', seq, step_id, %(worker)s,
            jsonb_build_object('approval_id', approval_id, 'deadline_at', deadline_at,
                               'policy', %(policy)s::text)
@@ -175,7 +175,7 @@ SELECT count(*) AS expired FROM e;
 
 -- name: refused
 -- A click or call that decided nothing, in the run's history: who, why.
-INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
 SELECT org_id, run_id, 'approval_refused', seq, step_id, %(worker)s,
        jsonb_build_object('approval_id', approval_id, 'by', %(decided_by)s::text,
                           'reason', %(reason)s::text, 'via', %(via)s::text)

@@ -36,7 +36,7 @@ run AS (
     FROM st WHERE r.org_id = st.org_id AND r.run_id = st.run_id
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
     SELECT st.org_id, st.run_id, e.event, e.seq, e.step_id, %(worker)s, e.detail
     FROM st CROSS JOIN LATERAL (VALUES
         ('step_cancelled', st.seq, st.step_id,
@@ -63,7 +63,7 @@ run AS (
     RETURNING org_id, run_id
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
     SELECT org_id, run_id, 'cancel_requested', %(seq)s, %(step_id)s, %(worker)s,
            jsonb_build_object('by', %(by)s::text, 'reason', %(reason)s::text)
     FROM run

@@ -57,7 +57,7 @@ upd AS (
     RETURNING c.key, c.state, c.failures, c.retry_at, n.was
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, worker, detail)
     SELECT %(org_id)s, %(run_id)s, 'circuit_opened', %(seq)s, %(worker)s,
            jsonb_build_object('circuit', key, 'failures', failures, 'retry_at', retry_at,
                               'was', was)

@@ -38,7 +38,7 @@ ins AS (
     RETURNING run_id, seq, owner_token
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT %(org_id)s, run_id, 'effect_claimed', seq, %(step_id)s, %(attempt)s, %(worker)s,
            %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token)
     FROM ins
@@ -64,7 +64,7 @@ WITH up AS (
     RETURNING run_id, seq, owner_token, lease_until
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT %(org_id)s, run_id, 'effect_unknown', seq, %(step_id)s, %(attempt)s, %(worker)s,
            %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token, 'lapsed', true,
                                                  'lease_until', lease_until)
@@ -94,7 +94,7 @@ up AS (
     RETURNING run_id, seq, owner_token
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT %(org_id)s, run_id, 'effect_claimed', seq, %(step_id)s, %(attempt)s, %(worker)s,
            %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token, 'repeat', true)
     FROM up
@@ -120,7 +120,7 @@ WITH up AS (
     RETURNING run_id, seq, owner_token, result
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT %(org_id)s, run_id, %(event)s, seq, %(step_id)s, %(attempt)s, %(worker)s,
            %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token)
     FROM up
@@ -137,7 +137,7 @@ WITH up AS (
     RETURNING run_id, seq, owner_token
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT %(org_id)s, run_id, 'effect_unknown', seq, %(step_id)s, %(attempt)s, %(worker)s,
            %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token)
     FROM up
@@ -154,7 +154,7 @@ WITH gone AS (
     RETURNING effect_key, run_id, seq, owner_token
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT %(org_id)s, run_id, 'effect_not_done', seq, %(step_id)s, %(attempt)s, %(worker)s,
            %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token,
                                                  'now', 'withdrawn')
@@ -171,7 +171,7 @@ WITH up AS (
     RETURNING run_id, seq, owner_token
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT %(org_id)s, run_id, 'effect_not_done', seq, %(step_id)s, %(attempt)s, %(worker)s,
            %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token,
                                                  'now', 'outcome_unknown')
@@ -189,7 +189,7 @@ WITH up AS (
     RETURNING run_id, seq, owner_token, first_attempt_at, attempts, last_error
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT %(org_id)s, run_id, 'effect_review', seq, %(step_id)s, %(attempt)s, %(worker)s,
            %(note)s::jsonb || jsonb_build_object('effect_attempt', owner_token,
                                                  'attempts', attempts,

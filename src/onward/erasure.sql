@@ -84,9 +84,12 @@ WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
 
 -- name: redact_steps
 -- The run's steps keep their ids, kinds, statuses and times; outputs, the variables they set,
--- errors and wakes go.
+-- errors and wakes go, and the detail of the settle event a step row carries (migration 0029:
+-- its history, as redact_history does to history_log's rows).
 UPDATE steps
 SET output = CASE WHEN output IS NULL THEN NULL ELSE jsonb_build_object('redacted', 'erased') END,
+    event_detail = CASE WHEN event_detail IS NULL THEN NULL
+                        ELSE jsonb_build_object('redacted', 'erased') END,
     vars = CASE WHEN vars IS NULL THEN NULL ELSE jsonb_build_object('redacted', 'erased') END,
     error = CASE WHEN error IS NULL THEN NULL ELSE jsonb_build_object('redacted', 'erased') END,
     wake = CASE WHEN wake IS NULL THEN NULL ELSE jsonb_build_object('redacted', 'erased') END
@@ -122,11 +125,11 @@ WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
 -- The skeleton of the history stays (events, times, steps, attempts, workers); details go,
 -- and one run_erased row says who erased the run (its `at` says when).
 WITH redacted AS (
-    UPDATE history SET detail = jsonb_build_object('redacted', 'erased')
+    UPDATE history_log SET detail = jsonb_build_object('redacted', 'erased')
     WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND detail IS NOT NULL
     RETURNING 1
 )
-INSERT INTO history (org_id, run_id, event, worker, detail)
+INSERT INTO history_log (org_id, run_id, event, worker, detail)
 VALUES (%(org_id)s, %(run_id)s, 'run_erased', %(worker)s,
         jsonb_build_object('by', %(by)s::text, 'erasure', %(subject)s::text,
                            'redacted', (SELECT count(*) FROM redacted)))

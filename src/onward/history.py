@@ -1,7 +1,9 @@
 """Reading a run's history (R17) and rendering it as a timeline.
 
 Rows are written by each transition's own statement (start.sql, leases.sql, timers.sql,
-sweep.sql, effects.sql) so the log can never disagree with the state it describes.
+sweep.sql, effects.sql) so the log can never disagree with the state it describes. A grouped
+settle's event is its step row itself (``steps.event_id``, migration 0029); the view
+``history`` reads both, in the order of their ids.
 
 What a row keeps of a request or a result is an :func:`excerpt`: secret-looking fields
 (:data:`SECRET_WORDS`) replaced by ``[redacted]``, long text clipped, the whole bounded to about

@@ -1,4 +1,6 @@
--- The run history (R17): append-only, written by each transition in its own transaction.
+-- The run history (R17): append-only, written by each transition in its own transaction. Read
+-- through the view `history` (migration 0029): the rows of history_log, and the settle events
+-- that step rows carry (a grouped settle writes its event on the step row, not a row here).
 
 -- name: for_run
 -- Every transition of one run, in order. claimed_at: on a row that ends an attempt, when it

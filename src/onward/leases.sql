@@ -70,7 +70,8 @@ WHERE s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
 RETURNING s.org_id, s.run_id, s.seq;
 
 -- name: settle_advance
--- Steps are done: record each output, merge its variables into its run (and its output, when
+-- Steps are done: record each output (and the settle's history event, on the step row:
+-- migration 0029), merge its variables into its run (and its output, when
 -- the automation reads it: keep), and either enter the next step or complete the run. Set-based: a worker groups the settles of its concurrent
 -- chains (independent runs) into one statement and one commit; each row keeps its own fence
 -- (attempt = token AND status = 'running'), so a stale row is skipped while the others settle.
@@ -99,9 +100,17 @@ WITH x AS MATERIALIZED (
     ORDER BY x.org_id, x.run_id, x.seq
 ),
 done AS (
+    -- the step row is the record of its settle (migration 0029): the event's id from the
+    -- history's sequence, its detail (the skipped steps; the run's completion rides on its
+    -- last step), and the worker as the row's owner; the view `history` shows it as the
+    -- step_done (or step_skipped) event, and no history row is written
     UPDATE steps s
     SET status = x.done_status, output = x.output, vars = nullif(x.vars, '{}'::jsonb),
-        owner = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
+        owner = %(worker)s, lease_until = NULL, finished_at = now(), updated_at = now(),
+        event_id = nextval('history_event_id_seq'),
+        event_detail = CASE WHEN x.next_step_id IS NULL
+                            THEN coalesce(x.detail, '{}'::jsonb) || '{"run": "completed"}'::jsonb
+                            ELSE x.detail END
     FROM x
     WHERE s.org_id = x.org_id AND s.run_id = x.run_id AND s.seq = x.seq
       AND s.attempt = x.attempt AND s.status = x.holding
@@ -152,21 +161,6 @@ next AS (
     WHERE dx.next_step_id IS NOT NULL
     RETURNING org_id, run_id, seq, step_id, lane, attempt, available_at, status
 ),
-settled AS (
-    -- one row per settled step: its attempt, worker and claim; the run's completion rides on
-    -- its last step's row. An eager successor's claim is on its step row; a successor that is
-    -- ready is announced below, after this row (it reads it first)
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
-                         detail)
-    SELECT dx.org_id, dx.run_id, 'step_' || dx.done_status, dx.seq, dx.step_id, dx.attempt,
-           %(worker)s, dx.claimed_at,
-           CASE WHEN dx.next_step_id IS NULL
-                THEN coalesce(dx.detail, '{}'::jsonb) || '{"run": "completed"}'::jsonb
-                ELSE dx.detail END
-    FROM dx
-    ORDER BY dx.run_id
-    RETURNING org_id, run_id
-),
 ready AS (
     SELECT n.org_id, n.run_id, n.seq, n.step_id, n.lane, n.attempt, n.available_at AS deliver_at,
            'step_ready' AS event, %(worker)s::text AS worker,
@@ -174,8 +168,9 @@ ready AS (
            NULL::timestamptz AS claimed_at
     FROM next n
     JOIN dx ON dx.org_id = n.org_id AND dx.run_id = n.run_id
+    -- after its predecessor's event: the announce's history row draws its id after the one
+    -- `done` drew (this reads `next`, which reads `done`)
     WHERE n.status = 'ready'
-      AND EXISTS (SELECT 1 FROM settled h WHERE h.org_id = n.org_id AND h.run_id = n.run_id)
 ),
 {{announce_ready}}
 SELECT * FROM run;
@@ -211,7 +206,7 @@ timer_due AS (
 ),
 {{announce_timer}},
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
                          detail)
     SELECT w.org_id, w.run_id, 'step_waiting', w.seq, w.step_id, %(attempt)s, %(worker)s,
            w.claimed_at,
@@ -275,7 +270,7 @@ run AS (
     FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
                          detail)
     SELECT org_id, run_id, e.event, e.seq, e.step_id, %(attempt)s, %(worker)s, e.claimed_at,
            e.detail
@@ -311,7 +306,7 @@ run AS (
     FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
                          detail)
     SELECT org_id, run_id, e.event, e.seq, e.step_id, %(attempt)s, %(worker)s, e.claimed_at,
            e.detail

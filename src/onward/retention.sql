@@ -81,7 +81,7 @@ WITH eff AS (
     DELETE FROM budget_reservations
     WHERE org_id = %(org_id)s AND effect_key IN (SELECT effect_key FROM keys) RETURNING 1
 ), hist AS (
-    DELETE FROM history WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM history_log WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), st AS (
     DELETE FROM steps WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])

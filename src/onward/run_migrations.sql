@@ -94,7 +94,7 @@ WITH run AS (
       AND r.finished_at IS NULL
     RETURNING r.org_id, r.run_id
 )
-INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
 SELECT org_id, run_id, 'run_migrated', %(seq)s, %(step_id)s, %(worker)s, %(detail)s FROM run
 RETURNING run_id;
 
@@ -145,7 +145,7 @@ run AS (
     FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
     SELECT s.org_id, s.run_id, e.event, e.seq, e.step_id, %(worker)s, e.detail
     FROM s CROSS JOIN LATERAL (VALUES
         (1, 'step_parked', s.seq, s.step_id, %(error)s::jsonb),
@@ -165,7 +165,7 @@ WITH s AS (
       AND status IN ('ready', 'waiting', 'parked')
     RETURNING org_id, run_id, seq, step_id
 )
-INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
 SELECT org_id, run_id, 'step_skipped', seq, step_id, %(worker)s, %(detail)s FROM s
 RETURNING seq;
 

@@ -147,7 +147,7 @@ u AS (
     RETURNING s.signal_id, s.run_id, s.status, s.reason, s.name
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, worker, detail)
     SELECT %(org_id)s, u.run_id, 'signal_' || u.status, %(worker)s,
            jsonb_build_object('signal_id', u.signal_id, 'name', u.name, 'reason', u.reason)
     FROM u

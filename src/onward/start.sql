@@ -31,7 +31,7 @@ run AS (
     RETURNING org_id, run_id, version
 ),
 started AS (
-    INSERT INTO history (org_id, run_id, event, detail)
+    INSERT INTO history_log (org_id, run_id, event, detail)
     SELECT run.org_id, run.run_id, 'run_started',
            jsonb_build_object('automation_id', %(automation_id)s::text, 'version', v.version,
                               'start_key', %(start_key)s::text,
@@ -59,7 +59,7 @@ earlier AS (
       AND NOT EXISTS (SELECT 1 FROM run)
 ),
 duplicate AS (
-    INSERT INTO history (org_id, run_id, event, detail)
+    INSERT INTO history_log (org_id, run_id, event, detail)
     SELECT org_id, run_id, 'start_duplicate', jsonb_build_object('start_key', %(start_key)s::text)
     FROM earlier
 )
@@ -73,7 +73,7 @@ WITH r AS (
     SELECT org_id, run_id FROM runs WHERE org_id = %(org_id)s AND start_key = %(start_key)s
 ),
 h AS (
-    INSERT INTO history (org_id, run_id, event, detail)
+    INSERT INTO history_log (org_id, run_id, event, detail)
     SELECT org_id, run_id, 'start_duplicate', jsonb_build_object('start_key', %(start_key)s::text)
     FROM r
 )
@@ -155,7 +155,7 @@ run AS (
     RETURNING org_id, run_id, automation_id, version, start_key, start_key_kind
 ),
 started AS (
-    INSERT INTO history (org_id, run_id, event, detail)
+    INSERT INTO history_log (org_id, run_id, event, detail)
     SELECT run.org_id, run.run_id, 'run_started',
            jsonb_build_object('automation_id', run.automation_id, 'version', run.version,
                               'start_key', run.start_key, 'start_key_kind', run.start_key_kind)
@@ -186,7 +186,7 @@ answer AS (
 ),
 duplicate AS (
     -- after the run's own run_started when this batch made it (joined with `started`)
-    INSERT INTO history (org_id, run_id, event, detail)
+    INSERT INTO history_log (org_id, run_id, event, detail)
     SELECT %(org_id)s, a.run_id, 'start_duplicate', jsonb_build_object('start_key', a.start_key)
     FROM answer a
     LEFT JOIN started s ON s.run_id = a.run_id
@@ -206,7 +206,7 @@ r AS (
     WHERE org_id = %(org_id)s AND start_key = ANY(%(start_keys)s::text[])
 ),
 h AS (
-    INSERT INTO history (org_id, run_id, event, detail)
+    INSERT INTO history_log (org_id, run_id, event, detail)
     SELECT r.org_id, r.run_id, 'start_duplicate', jsonb_build_object('start_key', r.start_key)
     FROM k JOIN r ON r.start_key = k.start_key
 )
@@ -248,7 +248,7 @@ copied AS (
       AND s.status IN ('done', 'skipped')
 ),
 started AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, detail)
     SELECT run.org_id, run.run_id, e.event, e.seq, e.step_id, e.detail
     FROM run CROSS JOIN LATERAL (VALUES
         (1, 'run_started', NULL::int, NULL::text,
@@ -263,7 +263,7 @@ started AS (
     RETURNING org_id, run_id
 ),
 old_history AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, detail)
     SELECT old.org_id, old.run_id, 'run_forked', %(seq)s, %(step_id)s,
            jsonb_build_object('fork', run.run_id, 'from_step', %(step_id)s::text,
                               'seq', %(seq)s::int, 'version', run.version, 'by', %(by)s::text)

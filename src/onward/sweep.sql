@@ -97,7 +97,7 @@ tm AS (
       AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
 ),
 hist AS (
-    INSERT INTO history (org_id, run_id, event, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, worker, detail)
     SELECT org_id, run_id, 'run_exceeded', %(worker)s, jsonb_build_object('reason', %(reason)s::text)
     FROM run
 )

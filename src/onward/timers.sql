@@ -83,7 +83,7 @@ claimed AS (
               0.0::float8 AS queue_lag_s, e.timer_id, e.detail, e.holding AS from_status
 ),
 claimed_history AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, detail)
     SELECT org_id, run_id, 'timer_fired', seq, step_id, nullif(attempt - 1, 0), NULL, detail
     FROM claimed
 ),
@@ -165,7 +165,7 @@ timer_due AS (
 ),
 {{announce_timer}},
 hist AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, worker, detail)
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
     SELECT org_id, run_id, 'timer_moved', seq, step_id, %(worker)s,
            jsonb_build_object('timer_id', timer_id, 'from', old_due, 'to', due_at,
                               'wake_n', wake_n, 'reason', %(reason)s::text)

@@ -69,7 +69,7 @@ def _history(sql: Sql, run_id: str, *events: Event) -> None:
     attempts = itertools.count(1)
     for event, detail in events:
         sql.execute(
-            "INSERT INTO history (org_id, run_id, event, seq, attempt, detail)"
+            "INSERT INTO history_log (org_id, run_id, event, seq, attempt, detail)"
             " VALUES ('o', %s, %s, 4, %s, %s)",
             (run_id, event, next(attempts), Jsonb(detail)),
         )
@@ -91,19 +91,19 @@ def test_the_people_checks_name_a_decision_or_a_signal_applied_twice(sql: Sql) -
         "step_decided_twice": 1,
         "woken_twice_per_wait": 1,
     }
-    sql.execute("DELETE FROM history WHERE run_id LIKE 'bad-%'")
+    sql.execute("DELETE FROM history_log WHERE run_id LIKE 'bad-%'")
 
     _history(sql, "bad-2", ASKED, WAIT, decided("a7"), WAIT, decided("a8"))  # no new request
     assert double_transitions(sql) == {"step_decided_twice": 1}
-    sql.execute("DELETE FROM history WHERE run_id LIKE 'bad-%'")
+    sql.execute("DELETE FROM history_log WHERE run_id LIKE 'bad-%'")
 
     _history(sql, "bad-3", ASKED, WAIT, decided("a6"), fired(2))  # and by the deadline
     assert double_transitions(sql) == {"woken_twice_per_wait": 1}
-    sql.execute("DELETE FROM history WHERE run_id LIKE 'bad-%'")
+    sql.execute("DELETE FROM history_log WHERE run_id LIKE 'bad-%'")
 
     _history(sql, "bad-4", WAIT, consumed("s2"), WAIT, consumed("s3"))  # one entry, two signals
     assert double_transitions(sql) == {"step_took_two_signals": 1}
-    sql.execute("DELETE FROM history WHERE run_id LIKE 'bad-%'")
+    sql.execute("DELETE FROM history_log WHERE run_id LIKE 'bad-%'")
 
     _history(sql, "bad-5", WAIT, consumed("s4"))
     _history(sql, "bad-6", WAIT, consumed("s4"))  # one signal, consumed by two runs
@@ -153,6 +153,6 @@ def test_the_column_scan_finds_an_identifier_as_a_whole_word_in_any_case(sql: Sq
     _history(sql, "r-1", ("step_done", {"to": "Maya+12@Example.test", "id": "contact-12"}))
     assert columns_holding(sql, ["contact-1", "maya+1@example.test"]) == {}
     _history(sql, "r-2", ("step_done", {"note": "MAYA+1@example.test wrote"}))
-    assert columns_holding(sql, ["contact-1", "maya+1@example.test"]) == {"history.detail": 1}
+    assert columns_holding(sql, ["contact-1", "maya+1@example.test"]) == {"history_log.detail": 1}
     _history(sql, "r-3", ("step_done", {"contact": "contact-1"}))
-    assert columns_holding(sql, ["contact-1"]) == {"history.detail": 1}
+    assert columns_holding(sql, ["contact-1"]) == {"history_log.detail": 1}

@@ -262,13 +262,17 @@ def _balanced(text: str, start: int) -> str:
 
 
 def _history_events() -> tuple[list[str] | None, str]:
-    """The values of the latest definition of ``history_event_known`` in the migrations, and
+    """The values of the latest definition of ``history_event_known`` (``history_log_event_known``
+    since 0029) in the migrations, and
     the migration that defines it (None if it was dropped and not added again)."""
     values: list[str] | None = None
     source = "no migration"
     for migration in sorted((SRC / "db" / "migrations").glob("*.sql")):
         text = re.sub(r"--[^\n]*", "", migration.read_text(encoding="utf-8"))
-        pattern = r"(DROP\s+CONSTRAINT\s+(?:IF\s+EXISTS\s+)?)?history_event_known\b(\s*CHECK\s*\()?"
+        pattern = (  # renamed history_log_event_known with its table (0029)
+            r"(DROP\s+CONSTRAINT\s+(?:IF\s+EXISTS\s+)?)?history(?:_log)?_event_known\b"
+            r"(\s*CHECK\s*\()?"
+        )
         for m in re.finditer(pattern, text, re.IGNORECASE):
             if m.group(1):
                 values, source = None, f"dropped in {migration.name}"

@@ -261,7 +261,7 @@ async def test_after_erasing_no_column_of_any_table_holds_the_contact(
     # the scan does find her, wherever the scenario put her (so finding nothing later means
     # something): runs, steps, history, effects, signals, approvals, suppressions
     tables = {key.split(".")[0] for key in before}
-    assert {"runs", "steps", "history", "effects", "signals", "approvals"} <= tables, before
+    assert {"runs", "steps", "history_log", "effects", "signals", "approvals"} <= tables, before
     assert "suppressions.contact: maya@example.test" in before
     assert len(text_columns(sql)) > 50
     ravi_before = rows_of_run(sql, runs["other"])

@@ -51,8 +51,10 @@ def rows_naming(sql: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, i
 
 def run_id_tables(sql: psycopg.Connection[Any]) -> list[str]:
     rows = sql.execute(
-        "SELECT table_name FROM information_schema.columns "
-        "WHERE table_schema = current_schema() AND column_name = 'run_id' ORDER BY table_name"
+        "SELECT c.table_name FROM information_schema.columns c "
+        "JOIN information_schema.tables t USING (table_schema, table_name) "
+        "WHERE c.table_schema = current_schema() AND c.column_name = 'run_id' "
+        "AND t.table_type = 'BASE TABLE' ORDER BY c.table_name"
     ).fetchall()
     return [r["table_name"] for r in rows]
 
@@ -140,7 +142,7 @@ async def test_retention_deletes_exactly_the_old_finished_runs_and_every_row_of_
     assert sweeper.pruner.stats.runs == 3 and sweeper.pruner.stats.batches == 1
     rows = sweeper.pruner.stats.rows
     assert rows["runs"] == 3 and rows["steps"] == 6 and rows["effects"] == 3
-    assert rows["history"] == before["history"] and rows["outbox"] == 3  # the unsent wakes
+    assert rows["history"] == before["history_log"] and rows["outbox"] == 3  # the unsent wakes
     assert {r: rows_naming(sql, [r]) for r in [*young, waiting]} == kept_before
 
 
@@ -330,14 +332,14 @@ async def test_doctor_reports_the_oldest_finished_run_and_the_table_sizes(
 
     checks = {c.name: c for c in await run_checks(engine)}
     assert checks["retention"].ok and checks["retention"].detail == "no finished runs"
-    fill(sql, "test", 50, age_days=40)  # ANALYZEs runs, steps, history
+    fill(sql, "test", 50, age_days=40)  # ANALYZEs runs, steps, history_log
     checks = {c.name: c for c in await run_checks(engine)}
     behind = checks["retention"]
     assert not behind.ok and "behind their retention: test" in behind.detail
     assert 40 < behind.value["test"]["age_days"] < 40.1 and behind.value["test"]["days"] == 30
     sizes = checks["table_sizes"].value
     assert set(sizes) == set(tables(sql))
-    assert sizes["runs"]["rows"] == 50 and sizes["history"]["rows"] == 200
+    assert sizes["runs"]["rows"] == 50 and sizes["history_log"]["rows"] == 200
     assert all(v["bytes"] > 0 for v in sizes.values())
     await engine.prune()
     assert {c.name: c for c in await run_checks(engine)}["retention"].ok

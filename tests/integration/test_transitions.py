@@ -66,9 +66,9 @@ async def test_every_wake_in_the_outbox_has_the_python_format(
 
 
 def test_history_refuses_an_event_not_in_the_closed_list(sql: psycopg.Connection) -> None:
-    with pytest.raises(psycopg.errors.CheckViolation, match="history_event_known"):
+    with pytest.raises(psycopg.errors.CheckViolation, match="history_log_event_known"):
         sql.execute(
-            "INSERT INTO history (org_id, run_id, event) VALUES ('o', 'r', 'step_teleported')"
+            "INSERT INTO history_log (org_id, run_id, event) VALUES ('o', 'r', 'step_teleported')"
         )
 
 

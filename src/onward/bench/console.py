@@ -124,7 +124,7 @@ def fill_long_run(conn: psycopg.Connection[Any]) -> str:
     )
     conn.execute(
         """
-        INSERT INTO history (org_id, run_id, at, event, seq, step_id, attempt, worker, detail)
+        INSERT INTO history_log (org_id, run_id, at, event, seq, step_id, attempt, worker, detail)
         SELECT %(org)s, %(run)s, now() - interval '1 hour' + (g * 3 + e.n) * interval '3 ms',
                e.event, g, s.step_id, CASE WHEN e.n > 0 THEN 1 END, 'bench-worker',
                CASE WHEN e.n = 2 THEN jsonb_build_object('output', s.output) END
@@ -221,7 +221,7 @@ def run(database_url: str, *, quick: bool = False, runs: int | None = None) -> d
         with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
             fill(conn, count)
             long_run = fill_long_run(conn)
-            conn.execute("VACUUM ANALYZE runs, steps, history, timers")
+            conn.execute("VACUUM ANALYZE runs, steps, history_log, timers")
             seeded_s = time.perf_counter() - began
             total = conn.execute("SELECT count(*) AS n FROM runs").fetchone()
             deep = conn.execute(

@@ -222,7 +222,7 @@ def _vacuum(url: str) -> None:
     instant would otherwise meet the setup's dead rows and the planner statistics of the
     empty template."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE runs, steps, timers, outbox, history, organisations")
+        conn.execute("VACUUM ANALYZE runs, steps, timers, outbox, history_log, organisations")
 
 
 def _sample(

@@ -178,7 +178,7 @@ def fill(url: str, n: int, *, stale_hours: float = 0.0, org: str = ORG) -> float
 
 def _empty(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE runs, steps, timers, history, outbox")
+        conn.execute("TRUNCATE runs, steps, timers, history_log, outbox")
 
 
 # -- the ceilings and the recomputations --------------------------------------------------------

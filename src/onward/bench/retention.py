@@ -86,7 +86,7 @@ def fill(
     )
     conn.execute(
         """
-        INSERT INTO history (org_id, run_id, at, event, seq, step_id, attempt, worker,
+        INSERT INTO history_log (org_id, run_id, at, event, seq, step_id, attempt, worker,
                              claimed_at, detail)
         SELECT r.org_id, r.run_id, r.created_at + h.n * interval '200 milliseconds', h.event,
                h.seq, h.step_id, h.attempt, 'bench',
@@ -106,7 +106,7 @@ def fill(
         """,
         args,
     )
-    conn.execute("ANALYZE runs, steps, history")
+    conn.execute("ANALYZE runs, steps, history_log")
 
 
 def explain_batch(conn: psycopg.Connection[Any], org_id: str, batch: int = 500) -> list[str]:

@@ -190,6 +190,8 @@ def _drain(url: str, o: dict[str, Any], org: str = "bench") -> dict[str, Any]:
         starts = asyncio.run(_starts(url, org, n, o["starters"], o["conns"]))
         settle_stats()
         db0 = db_counters(url)
+        with psycopg.connect(url, autocommit=True) as conn:  # events from here on are the drain's
+            ev0 = conn.execute("SELECT last_value FROM history_event_id_seq").fetchone()
         with polling(url) as poll:
             cpu0 = cpu_snapshot()
             for c in children:
@@ -225,8 +227,15 @@ def _drain(url: str, o: dict[str, Any], org: str = "bench") -> dict[str, Any]:
             """,
             (org,),
         ).fetchall()
+        # a step's settle event is its step row's since migration 0029 (the view `history`);
+        # history_log's rows are the events transitions still write apart
+        events = conn.execute(
+            "SELECT count(*) FROM history WHERE org_id = %s AND event_id > %s",
+            (org, ev0[0] if ev0 else 0),
+        ).fetchone()
     executed = int(steps[0]) if steps else 0
     lat = [r[0] for r in lat_rows]
+    tables = table_delta(tables0, db1.tables, executed)
     db_window = (
         (max(r[2] for r in lat_rows) - min(r[1] for r in lat_rows)).total_seconds()
         if lat_rows
@@ -254,7 +263,11 @@ def _drain(url: str, o: dict[str, Any], org: str = "bench") -> dict[str, Any]:
             "relayed": sum(d["relayed"] for d in done),
             "worker_rss_mb": [round(d["vm_hwm_kb"] / 1024, 1) for d in done] or hwm,
             "statements": _merge_statements([d.get("statements") or {} for d in done], executed),
-            "tables": table_delta(tables0, db1.tables, executed),
+            "tables": tables,
+            "history_events_per_step": round(int(events[0]) / max(executed, 1), 3) if events else 0,
+            "history_rows_per_step": (  # the table was `history` before migration 0029
+                tables.get("history_log") or tables.get("history") or {}
+            ).get("ins_per_step", 0.0),
             "wal_by_relation": wal_by_relation(url, db0, db1, executed),
         },
     }
@@ -694,6 +707,11 @@ def render(res: dict[str, Any]) -> str:
             for name, v in r.get("tables", {}).items()
         ]
         lines.append(f"          {tier:<15} " + "; ".join(cells))
+    lines.append(
+        f"        history: {eng['history_events_per_step']:.2f} events a step (the view), "
+        f"{eng['history_rows_per_step']:.2f} rows written to history_log a step (a settle's "
+        "event is its step row's)"
+    )
     if eng.get("wal_by_relation"):
         rels = list(eng["wal_by_relation"].items())
         lines.append("        WAL bytes per step by relation (pg_walinspect), largest first:")

@@ -52,7 +52,7 @@ ready_wake AS (
     FROM ready
 ),
 ready_history AS (
-    INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
+    INSERT INTO history_log (org_id, run_id, event, seq, step_id, attempt, worker, claimed_at,
                          detail)
     SELECT org_id, run_id, event, seq, step_id, nullif(attempt, 0), worker, claimed_at, detail
     FROM ready

@@ -1,7 +1,7 @@
 """The schema as the migrations leave it, in one canonical text (``db/schema.sql``).
 
 ``db/schema.sql`` is checked in: a reader sees every table, constraint, index and function in
-one place (row-level security and its policies too), and tests/contracts/test_code.py fails when the migrations and that file disagree.
+one place (row-level security and its policies too, and the views), and tests/contracts/test_code.py fails when the migrations and that file disagree.
 The text is read from the catalog, not from ``pg_dump``, so it does not change with the
 client's version. Regenerate it after adding a migration::
 
@@ -47,6 +47,11 @@ _POLICIES = """
 SELECT policyname, array_to_string(roles, ', '), cmd, qual, with_check FROM pg_policies
 WHERE schemaname = current_schema() AND tablename = %s ORDER BY policyname
 """
+_VIEWS = """
+SELECT c.relname, pg_get_viewdef(c.oid), array_to_string(c.reloptions, ', ')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = current_schema() AND c.relkind = 'v' ORDER BY c.relname
+"""
 _FUNCTIONS = """
 SELECT pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE n.nspname = current_schema() ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)
@@ -86,6 +91,10 @@ def dump(url: str) -> str:
                 policy += f" USING ({qual})" if qual else ""
                 policy += f" WITH CHECK ({check})" if check else ""
                 out.append(policy + ";")
+            out.append("")
+        for name, definition, options in conn.execute(_VIEWS):
+            with_ = f" WITH ({options})" if options else ""
+            out.append(f"CREATE VIEW {name}{with_} AS\n{definition.rstrip()}")
             out.append("")
         for (definition,) in conn.execute(_FUNCTIONS):
             out.append(definition.strip() + ";")

@@ -283,7 +283,7 @@ ALTER TABLE erasures FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON erasures FOR ALL TO onward_engine USING (true) WITH CHECK (true);
 CREATE POLICY one_org ON erasures FOR ALL TO onward_api USING ((org_id = current_setting('onward.org_id'::text, true))) WITH CHECK ((org_id = current_setting('onward.org_id'::text, true)));
 
-CREATE TABLE history (
+CREATE TABLE history_log (
     org_id text NOT NULL,
     run_id text NOT NULL,
     event_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -295,13 +295,13 @@ CREATE TABLE history (
     worker text,
     detail jsonb,
     claimed_at timestamp with time zone,
-    CONSTRAINT history_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_deferred'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'signal_consumed'::text, 'signal_refused'::text, 'signal_late'::text, 'approval_requested'::text, 'approval_decided'::text, 'approval_refused'::text, 'approval_expired'::text, 'circuit_opened'::text, 'circuit_half_open'::text, 'circuit_closed'::text, 'cancel_requested'::text, 'run_migrated'::text, 'run_erased'::text, 'review_resolved'::text, 'run_forked'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text, 'effect_claimed'::text, 'effect_settled'::text, 'effect_not_done'::text, 'effect_unknown'::text, 'effect_reconciled'::text, 'effect_review'::text]))),
-    CONSTRAINT history_pkey PRIMARY KEY (org_id, run_id, event_id)
+    CONSTRAINT history_log_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_deferred'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'signal_consumed'::text, 'signal_refused'::text, 'signal_late'::text, 'approval_requested'::text, 'approval_decided'::text, 'approval_refused'::text, 'approval_expired'::text, 'circuit_opened'::text, 'circuit_half_open'::text, 'circuit_closed'::text, 'cancel_requested'::text, 'run_migrated'::text, 'run_erased'::text, 'review_resolved'::text, 'run_forked'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text, 'effect_claimed'::text, 'effect_settled'::text, 'effect_not_done'::text, 'effect_unknown'::text, 'effect_reconciled'::text, 'effect_review'::text]))),
+    CONSTRAINT history_log_pkey PRIMARY KEY (org_id, run_id, event_id)
 );
-ALTER TABLE history ENABLE ROW LEVEL SECURITY;
-ALTER TABLE history FORCE ROW LEVEL SECURITY;
-CREATE POLICY every_org ON history FOR ALL TO onward_engine USING (true) WITH CHECK (true);
-CREATE POLICY one_org ON history FOR ALL TO onward_api USING ((org_id = current_setting('onward.org_id'::text, true))) WITH CHECK ((org_id = current_setting('onward.org_id'::text, true)));
+ALTER TABLE history_log ENABLE ROW LEVEL SECURITY;
+ALTER TABLE history_log FORCE ROW LEVEL SECURITY;
+CREATE POLICY every_org ON history_log FOR ALL TO onward_engine USING (true) WITH CHECK (true);
+CREATE POLICY one_org ON history_log FOR ALL TO onward_api USING ((org_id = current_setting('onward.org_id'::text, true))) WITH CHECK ((org_id = current_setting('onward.org_id'::text, true)));
 
 CREATE TABLE hook_secrets (
     org_id text NOT NULL,
@@ -661,6 +661,8 @@ CREATE TABLE steps (
     version integer,
     vars jsonb,
     claimed_at timestamp with time zone,
+    event_id bigint,
+    event_detail jsonb,
     CONSTRAINT steps_pkey PRIMARY KEY (org_id, run_id, seq),
     CONSTRAINT steps_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text, 'done'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT steps_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['timer'::text, 'signal'::text, 'approval'::text, 'review'::text, 'reconnect'::text, 'circuit'::text, 'budget'::text, 'migration'::text])))
@@ -711,6 +713,34 @@ ALTER TABLE timers ENABLE ROW LEVEL SECURITY;
 ALTER TABLE timers FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON timers FOR ALL TO onward_engine USING (true) WITH CHECK (true);
 CREATE POLICY one_org ON timers FOR ALL TO onward_api USING ((org_id = current_setting('onward.org_id'::text, true))) WITH CHECK ((org_id = current_setting('onward.org_id'::text, true)));
+
+CREATE VIEW history WITH (security_invoker=true) AS
+ SELECT history_log.org_id,
+    history_log.run_id,
+    history_log.event_id,
+    history_log.at,
+    history_log.event,
+    history_log.seq,
+    history_log.step_id,
+    history_log.attempt,
+    history_log.worker,
+    history_log.detail,
+    history_log.claimed_at
+   FROM history_log
+UNION ALL
+ SELECT steps.org_id,
+    steps.run_id,
+    steps.event_id,
+    steps.finished_at AS at,
+    ('step_'::text || steps.status) AS event,
+    steps.seq,
+    steps.step_id,
+    steps.attempt,
+    steps.owner AS worker,
+    steps.event_detail AS detail,
+    steps.claimed_at
+   FROM steps
+  WHERE (steps.event_id IS NOT NULL);
 
 CREATE OR REPLACE FUNCTION public.onward_secure(t regclass)
  RETURNS void
