@@ -72,6 +72,40 @@ def test_history_refuses_an_event_not_in_the_closed_list(sql: psycopg.Connection
         )
 
 
+def test_code_from_before_0029_still_writes_history_through_the_view(
+    sql: psycopg.Connection,
+) -> None:
+    """A process of a release before migration 0029 (a rolling deploy) inserts into, updates
+    and deletes from `history`, now a view: its writes land in history_log, as the engine's
+    role, inside a statement's CTE as its settle wrote them."""
+    sql.execute("SET ROLE onward_engine")
+    try:
+        made = sql.execute(
+            """WITH h AS (
+                   INSERT INTO history (org_id, run_id, event, seq, step_id, attempt, worker)
+                   SELECT 'o', 'old-1', 'step_done', s, 'a', 1, 'old-worker'
+                   FROM generate_series(1, 2) AS s
+                   RETURNING event_id, at
+               )
+               SELECT count(*) AS n, count(event_id) AS ids, count(at) AS ats FROM h"""
+        ).fetchone()
+        assert made == {"n": 2, "ids": 2, "ats": 2}
+        logged = sql.execute(
+            "SELECT seq, worker FROM history_log WHERE run_id = 'old-1' ORDER BY event_id"
+        ).fetchall()
+        assert [(r["seq"], r["worker"]) for r in logged] == [(1, "old-worker"), (2, "old-worker")]
+        sql.execute(
+            "UPDATE history SET detail = '{\"redacted\": \"erased\"}' WHERE run_id = 'old-1'"
+        )
+        details = sql.execute("SELECT detail FROM history_log WHERE run_id = 'old-1'").fetchall()
+        assert [r["detail"] for r in details] == [{"redacted": "erased"}] * 2
+        sql.execute("DELETE FROM history WHERE run_id = 'old-1' AND seq = 1")
+        left = sql.execute("SELECT seq FROM history_log WHERE run_id = 'old-1'").fetchall()
+        assert [r["seq"] for r in left] == [2]
+    finally:
+        sql.execute("RESET ROLE")
+
+
 async def test_history_of_a_start_and_an_advance_is_in_order(
     engine: Engine, sql: psycopg.Connection
 ) -> None:

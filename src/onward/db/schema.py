@@ -48,7 +48,7 @@ SELECT policyname, array_to_string(roles, ', '), cmd, qual, with_check FROM pg_p
 WHERE schemaname = current_schema() AND tablename = %s ORDER BY policyname
 """
 _VIEWS = """
-SELECT c.relname, pg_get_viewdef(c.oid), array_to_string(c.reloptions, ', ')
+SELECT c.oid, c.relname, pg_get_viewdef(c.oid), array_to_string(c.reloptions, ', ')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = current_schema() AND c.relkind = 'v' ORDER BY c.relname
 """
@@ -92,9 +92,10 @@ def dump(url: str) -> str:
                 policy += f" WITH CHECK ({check})" if check else ""
                 out.append(policy + ";")
             out.append("")
-        for name, definition, options in conn.execute(_VIEWS):
+        for oid, name, definition, options in conn.execute(_VIEWS).fetchall():
             with_ = f" WITH ({options})" if options else ""
             out.append(f"CREATE VIEW {name}{with_} AS\n{definition.rstrip()}")
+            out.extend(f"{row[0]};" for row in conn.execute(_TRIGGERS, (oid,)))
             out.append("")
         for (definition,) in conn.execute(_FUNCTIONS):
             out.append(definition.strip() + ";")

@@ -741,6 +741,32 @@ UNION ALL
     steps.claimed_at
    FROM steps
   WHERE (steps.event_id IS NOT NULL);
+CREATE TRIGGER history_write INSTEAD OF INSERT OR DELETE OR UPDATE ON public.history FOR EACH ROW EXECUTE FUNCTION onward_history_write();
+
+CREATE OR REPLACE FUNCTION public.onward_history_write()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO history_log (org_id, run_id, at, event, seq, step_id, attempt, worker, detail,
+                                 claimed_at)
+        VALUES (NEW.org_id, NEW.run_id, coalesce(NEW.at, clock_timestamp()), NEW.event, NEW.seq,
+                NEW.step_id, NEW.attempt, NEW.worker, NEW.detail, NEW.claimed_at)
+        RETURNING event_id, at INTO NEW.event_id, NEW.at;
+        RETURN NEW;
+    ELSIF TG_OP = 'UPDATE' THEN
+        UPDATE history_log
+        SET at = NEW.at, event = NEW.event, seq = NEW.seq, step_id = NEW.step_id,
+            attempt = NEW.attempt, worker = NEW.worker, detail = NEW.detail,
+            claimed_at = NEW.claimed_at
+        WHERE org_id = OLD.org_id AND run_id = OLD.run_id AND event_id = OLD.event_id;
+        RETURN NEW;
+    END IF;
+    DELETE FROM history_log
+    WHERE org_id = OLD.org_id AND run_id = OLD.run_id AND event_id = OLD.event_id;
+    RETURN OLD;
+END $function$;
 
 CREATE OR REPLACE FUNCTION public.onward_secure(t regclass)
  RETURNS void

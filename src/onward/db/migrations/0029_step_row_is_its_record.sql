@@ -36,3 +36,36 @@ FROM steps
 WHERE event_id IS NOT NULL;
 
 GRANT SELECT ON history TO onward_engine, onward_api;
+
+-- Code from before this migration still writes `history` (INSERT, and retention's DELETE and
+-- erasure's UPDATE): during a rolling deploy its processes run beside the new ones against the
+-- migrated database. These INSTEAD OF triggers pass its writes to history_log, so an old
+-- worker's settle still commits (its event then a row, as before) instead of failing on a
+-- view. With the caller's rights, as the view's reads: each role's policies apply. Nothing
+-- of this code writes the view (tests/integration/test_transitions.py checks old writes land).
+CREATE FUNCTION onward_history_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO history_log (org_id, run_id, at, event, seq, step_id, attempt, worker, detail,
+                                 claimed_at)
+        VALUES (NEW.org_id, NEW.run_id, coalesce(NEW.at, clock_timestamp()), NEW.event, NEW.seq,
+                NEW.step_id, NEW.attempt, NEW.worker, NEW.detail, NEW.claimed_at)
+        RETURNING event_id, at INTO NEW.event_id, NEW.at;
+        RETURN NEW;
+    ELSIF TG_OP = 'UPDATE' THEN
+        UPDATE history_log
+        SET at = NEW.at, event = NEW.event, seq = NEW.seq, step_id = NEW.step_id,
+            attempt = NEW.attempt, worker = NEW.worker, detail = NEW.detail,
+            claimed_at = NEW.claimed_at
+        WHERE org_id = OLD.org_id AND run_id = OLD.run_id AND event_id = OLD.event_id;
+        RETURN NEW;
+    END IF;
+    DELETE FROM history_log
+    WHERE org_id = OLD.org_id AND run_id = OLD.run_id AND event_id = OLD.event_id;
+    RETURN OLD;
+END $$;
+
+CREATE TRIGGER history_write INSTEAD OF INSERT OR UPDATE OR DELETE ON history
+FOR EACH ROW EXECUTE FUNCTION onward_history_write();
+
+GRANT INSERT, UPDATE, DELETE ON history TO onward_engine, onward_api;
