@@ -48,26 +48,43 @@ FOR SHARE;
 -- Extend the leases this worker still holds (each by its lane's lease), all in one statement. A step missing from the
 -- result was taken over (its attempt moved on) or finished: its task must stop at once.
 -- The fence's status is a column of the materialised batch (`holding`), as in settle_advance:
--- a constant would let the planner read a whole partial index it implies and hash it. The
--- batch is sorted by key, as the settle's is and a migration's is (runs by id), so a plan that
--- walks it (a nested loop by steps_pkey: test_batch_plans) locks in one order and two batches
--- that share steps wait for each other rather than in a cycle (a heartbeat, a settle of the
--- same worker and a migration deadlocked in a chaos run of 2026-12-06). A plan that does not
--- (a hash join over a small table) may still deadlock: the settle's victim is sent again
--- (settle.py), a heartbeat's is tried at its next beat.
+-- a constant would let the planner read a whole partial index it implies and hash it.
+-- The heartbeat never waits for a row lock (SKIP LOCKED): a step another transaction has
+-- locked this instant -- this worker's own grouped settle committing it, its budget
+-- reservation (`hold`), a migration's or a cancel's batch -- keeps its lease until the next
+-- beat and is reported held, as the statement's snapshot shows it. Waiting there let a
+-- heartbeat, a settle and a migration (which lock steps in orders a hash join does not keep)
+-- wait on each other in a cycle: deadlocks in chaos runs of 2026-12-06 and 2026-12-07,
+-- resolved by retries; a heartbeat that waits on nobody is in no cycle. A step taken over in
+-- the instant between the snapshot and the lock is reported held once more: the next beat
+-- drops it, and every write of its attempt is fenced anyway.
 WITH h AS MATERIALIZED (
     SELECT h.org_id, h.run_id, h.seq, h.attempt, h.lease, 'running'::text AS holding
     FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[],
                 %(attempts)s::int[], %(leases)s::float8[])
          AS h(org_id, run_id, seq, attempt, lease)
     ORDER BY h.org_id, h.run_id, h.seq
+),
+free AS (
+    SELECT s.org_id, s.run_id, s.seq, h.lease
+    FROM h JOIN steps s
+      ON s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
+     AND s.attempt = h.attempt AND s.status = h.holding
+    FOR UPDATE OF s SKIP LOCKED
+),
+extended AS (
+    UPDATE steps s
+    SET lease_until = now() + make_interval(secs => f.lease)
+    FROM free f
+    WHERE s.org_id = f.org_id AND s.run_id = f.run_id AND s.seq = f.seq
+    RETURNING s.org_id, s.run_id, s.seq
 )
-UPDATE steps s
-SET lease_until = now() + make_interval(secs => h.lease)
-FROM h
-WHERE s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
-  AND s.attempt = h.attempt AND s.status = h.holding
-RETURNING s.org_id, s.run_id, s.seq;
+SELECT org_id, run_id, seq FROM extended
+UNION
+SELECT s.org_id, s.run_id, s.seq
+FROM h JOIN steps s
+  ON s.org_id = h.org_id AND s.run_id = h.run_id AND s.seq = h.seq
+ AND s.attempt = h.attempt AND s.status = h.holding;
 
 -- name: settle_advance
 -- Steps are done: record each output (and the settle's history event, on the step row:

@@ -211,6 +211,34 @@ async def test_a_worker_whose_lease_was_taken_over_cannot_write(
     assert (step["status"], step["attempt"], step["output"]) == ("done", 2, {"from": "b"})
 
 
+async def test_a_heartbeat_waits_for_no_row_lock_and_reports_the_locked_step_held(
+    engine: Engine, sql: psycopg.Connection, db_url: str
+) -> None:
+    """Another transaction holds a step's row (a settle committing it, a budget's hold, a
+    migration's batch): the heartbeat does not wait for it -- waiting is how a heartbeat, a
+    settle and a migration deadlocked -- and reports the step held, its lease unchanged until
+    the next beat, which extends it once the lock is gone."""
+    await engine.publish(Automation("hb").step("one", "leases.quick").build())
+    await engine.start("hb", {}, event_id="hb-1")
+    async with engine.pool.connection() as conn:
+        (row,) = await leases.claim(conn, "fast", 1, "worker-a", 30.0)
+    token = Token(row["org_id"], row["run_id"], row["seq"], row["attempt"])
+    before = step_row(sql, token.run_id, token.seq)["lease_until"]
+    with psycopg.connect(db_url) as locker:  # a transaction holding the step's row
+        locker.execute(
+            "SELECT 1 FROM steps WHERE org_id = %s AND run_id = %s AND seq = %s FOR UPDATE",
+            (token.org_id, token.run_id, token.seq),
+        )
+        async with engine.pool.connection() as conn:
+            held = await asyncio.wait_for(leases.heartbeat(conn, [token], [600.0]), timeout=10)
+        assert held == {token.key}
+        assert step_row(sql, token.run_id, token.seq)["lease_until"] == before
+        locker.rollback()
+    async with engine.pool.connection() as conn:
+        assert await leases.heartbeat(conn, [token], [600.0]) == {token.key}
+    assert step_row(sql, token.run_id, token.seq)["lease_until"] > before
+
+
 async def test_a_released_step_fences_its_old_token_too(
     engine: Engine, sql: psycopg.Connection
 ) -> None:
