@@ -131,10 +131,10 @@ done AS (
     FROM x
     WHERE s.org_id = x.org_id AND s.run_id = x.run_id AND s.seq = x.seq
       AND s.attempt = x.attempt AND s.status = x.holding
-    RETURNING s.org_id, s.run_id, s.seq, s.step_id, s.claimed_at
+    RETURNING s.org_id, s.run_id, s.seq, s.step_id
 ),
 dx AS (
-    SELECT x.*, d.step_id, d.claimed_at FROM done d
+    SELECT x.*, d.step_id FROM done d
     JOIN x ON x.org_id = d.org_id AND x.run_id = d.run_id AND x.seq = d.seq
 ),
 run AS (
