@@ -1218,6 +1218,13 @@ def bench(
         str | None,
         typer.Option(help="worker processes; a list (1,2,4,8): a scaling curve (throughput)"),
     ] = None,
+    pairs: Annotated[
+        int | None,
+        typer.Option(
+            help="alternations of drain, grouped ceiling and live run whose medians the goals "
+            "are judged on (throughput; 3 unless --quick)",
+        ),
+    ] = None,
 ) -> None:
     """Benchmarks that print their figures beside the machine's own ceiling.
 
@@ -1244,12 +1251,19 @@ def bench(
     if curve is not None and "curve" not in accepted:
         _fail([f"bench {name!r} takes one --workers count, not a list"], 2)
     single = counts[0] if counts is not None and curve is None else None
+    if pairs is not None and not 1 <= pairs <= 9:
+        _fail([f"--pairs {pairs}: a whole number from 1 to 9"], 2)
+    if pairs is not None and "pairs" not in accepted:
+        _fail([f"bench {name!r} takes no --pairs"], 2)
+    if pairs is not None and curve is not None:
+        _fail(["--pairs is for one worker count, not a scaling curve"], 2)
     options = {
         k: v
         for k, v in {
             "runs": runs,
             "workers": single,
             "curve": curve,
+            "pairs": pairs,
             "redis_url": settings.redis_url,
         }.items()
         if v is not None and k in accepted

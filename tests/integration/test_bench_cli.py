@@ -7,12 +7,13 @@ These prove the commands work and their figures hang together; they assert no ti
 
 from __future__ import annotations
 
+from onward.bench.throughput import render
 from onward.testing import run_onward
 from tests.integration.benches import bench as _bench
 
 
 def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str) -> None:
-    res = _bench(db_url, "throughput", "--quick", "--json")
+    res = _bench(db_url, "throughput", "--quick", "--pairs", "2", "--json")
     runs, steps_per_run = res["options"]["runs"], res["steps_per_run"]
     eng = res["engine"]
     # every run drained, every step executed once, none lost
@@ -53,6 +54,33 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     live = res["live"]
     assert live["runs"] == runs and live["latency_ms_p50"] > 0
     assert set(res["targets"]) >= {"steps_per_s_ok", "rss_ok"}
+    # the goals: two alternations, the sitting's own first, each ratio within its alternation,
+    # judged on the medians (of two: their mean)
+    goals = res["goals"]
+    first, second = goals["alternations"]
+    assert first["drain_steps_per_s"] == eng["steps_per_s"]
+    assert first["grouped_steps_per_s"] == grouped["steps_per_s"]
+    assert first["live_steps_per_s"] == live["steps_per_s"]
+    for alt in (first, second):
+        assert alt["drain_over_grouped"] == round(
+            alt["drain_steps_per_s"] / alt["grouped_steps_per_s"], 3
+        )
+        assert alt["live_over_drain"] == round(
+            alt["live_steps_per_s"] / alt["drain_steps_per_s"], 3
+        )
+        assert alt["history_events_per_step"] == 1.0  # the second drain ran every step too
+    m = goals["median"]
+    assert m["wal_bytes_per_step"] == round(
+        (first["wal_bytes_per_step"] + second["wal_bytes_per_step"]) / 2, 3
+    )
+    assert goals["met"]["wal_bytes_per_step"] == (m["wal_bytes_per_step"] <= 1200)
+    assert goals["met"]["live_over_drain"] == (m["live_over_drain"] >= 0.6)
+    text = render(res)  # the same figures as the command prints them
+    assert "goals, on the medians of 2 alternation(s)" in text
+    wal_line = next(line for line in text.splitlines() if "WAL bytes a step" in line)
+    assert (
+        wal_line.endswith("met") and ("NOT met" in wal_line) != goals["met"]["wal_bytes_per_step"]
+    )
 
 
 def test_bench_throughput_quick_curve_prints_one_point_per_worker_count(db_url: str) -> None:
