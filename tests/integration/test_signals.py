@@ -77,12 +77,15 @@ async def test_a_signal_delivered_three_times_and_out_of_order_is_consumed_once(
     run_id = (await engine.start("reply", {}, event_id="e2")).run_id
     async with engine.running():
         await waits_on_signals(sql, run_id)
-        answers = [
-            await engine.signal("evt-b", "reply", run_id=run_id, payload={"n": 1}),
-            await engine.signal("evt-a", "unsubscribe", run_id=run_id),
-            await engine.signal("evt-b", "reply", run_id=run_id, payload={"n": 1}),
-            await engine.signal("evt-b", "reply", run_id=run_id, payload={"n": 1}),
-        ]
+    # no worker while the signals arrive: the run cannot finish before the second one (it would
+    # then be refused, not kept), however slow this process is beside the workers
+    answers = [
+        await engine.signal("evt-b", "reply", run_id=run_id, payload={"n": 1}),
+        await engine.signal("evt-a", "unsubscribe", run_id=run_id),
+        await engine.signal("evt-b", "reply", run_id=run_id, payload={"n": 1}),
+        await engine.signal("evt-b", "reply", run_id=run_id, payload={"n": 1}),
+    ]
+    async with engine.running():
         assert await engine.wait(run_id, timeout=30) == "completed"
     assert answers[0].status == "consumed"
     assert [a.duplicate for a in answers] == [False, False, True, True]
