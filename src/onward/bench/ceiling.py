@@ -594,7 +594,14 @@ def cpu_delta(a: CpuSnap, b: CpuSnap) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def polling(url: str) -> Iterator[_Poll]:
-    p = _Poll(psycopg.connect(url, autocommit=True))
+    """The bench's own connection for its polls (is the drain done yet?), counted apart. No
+    sequential scans on it: the tables were analysed when every run was unfinished, so the
+    planner reckoned a scan of `runs` finds an unfinished one at once and kept doing so while
+    the drain finished them from the front -- up to the whole table a hundred times a second,
+    a quarter of a million rows read in a drain of 10,000 runs (2026-12-07, `pg_stat_user_tables`
+    and auto_explain), on the cores the engine is measured on. The partial indexes the polls
+    name (unfinished runs: `runs_by_version`) answer them from their first entry."""
+    p = _Poll(psycopg.connect(url, autocommit=True, options="-c enable_seqscan=off"))
     try:
         yield p
     finally:

@@ -88,7 +88,7 @@ FLOW = (
 )
 TARGET_STEPS_PER_S = 1500.0
 TARGET_RSS_MB = 150.0
-# The goals of the hot path (README, "Throughput"), judged on the medians of the alternations:
+# The goals of the hot path (README, "Performance"), judged on the medians of the alternations:
 # the drain beside the grouped ceiling and the live run beside the drain, each ratio taken
 # within one alternation (a shared machine drifts between them), and the bytes and commits a
 # step of the drains.
