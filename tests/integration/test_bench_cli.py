@@ -109,6 +109,9 @@ def test_bench_workers_refuses_a_bad_count_in_one_line(db_url: str) -> None:
         (("throughput", "--workers", "0"), "a whole number from 1 to 64"),
         (("throughput", "--workers", "1,x"), "a whole number from 1 to 64"),
         (("latency", "--workers", "1,2"), "takes one --workers count, not a list"),
+        (("throughput", "--pairs", "0"), "--pairs 0: a whole number from 1 to 9"),
+        (("latency", "--pairs", "2"), "bench 'latency' takes no --pairs"),
+        (("throughput", "--pairs", "2", "--workers", "1,2"), "not a scaling curve"),
     ):
         out = run_onward(db_url, "bench", *bad, "--quick", timeout=60)
         assert out.returncode == 2, (bad, out.stderr)
