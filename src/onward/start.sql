@@ -55,7 +55,7 @@ ready AS (
 {{announce_ready}},
 earlier AS (
     SELECT r.org_id, r.run_id FROM runs r
-    WHERE r.org_id = %(org_id)s AND r.start_key = %(start_key)s
+    WHERE r.org_id = (SELECT %(org_id)s::text) AND r.start_key = %(start_key)s
       AND NOT EXISTS (SELECT 1 FROM run)
 ),
 duplicate AS (
@@ -70,7 +70,8 @@ SELECT run_id, NULL, false FROM earlier;
 -- name: find_duplicate
 -- The run an earlier delivery started; records that a duplicate delivery was acknowledged.
 WITH r AS (
-    SELECT org_id, run_id FROM runs WHERE org_id = %(org_id)s AND start_key = %(start_key)s
+    SELECT org_id, run_id FROM runs
+    WHERE org_id = (SELECT %(org_id)s::text) AND start_key = %(start_key)s
 ),
 h AS (
     INSERT INTO history_log (org_id, run_id, event, detail)
@@ -113,12 +114,17 @@ v AS (
 earlier AS (
     -- the runs of these start keys that this statement's snapshot sees: one probe of
     -- runs_org_id_start_key_key per key (LIMIT keeps the planner from scanning the whole
-    -- organisation's runs for a hash join when its statistics are stale)
+    -- organisation's runs for a hash join when its statistics are stale). The organisation is
+    -- a value the planner does not see, `(SELECT ...)`, here and in every probe by start key
+    -- below: as a constant, an organisation the statistics do not know yet (a new tenant)
+    -- reads as one row, and any index that leads with org_id ties with the key's own -- the
+    -- bench's live run read runs_pkey and filtered on the key, every run of the organisation
+    -- for each key (tests/integration/test_batch_plans.py)
     SELECT k.start_key, r.run_id
     FROM (SELECT DISTINCT start_key FROM item) k
     CROSS JOIN LATERAL (
         SELECT run_id FROM runs
-        WHERE runs.org_id = %(org_id)s AND runs.start_key = k.start_key
+        WHERE runs.org_id = (SELECT %(org_id)s::text) AND runs.start_key = k.start_key
         LIMIT 1
     ) r
 ),
@@ -203,7 +209,7 @@ WITH k AS (
 ),
 r AS (
     SELECT org_id, run_id, start_key FROM runs
-    WHERE org_id = %(org_id)s AND start_key = ANY(%(start_keys)s::text[])
+    WHERE org_id = (SELECT %(org_id)s::text) AND start_key = ANY(%(start_keys)s::text[])
 ),
 h AS (
     INSERT INTO history_log (org_id, run_id, event, detail)

@@ -357,3 +357,96 @@ def test_a_page_of_runs_looks_each_runs_step_up_by_the_run(sql: psycopg.Connecti
     _assert_by_key(
         _scans(_plan(sql, reads_q.page_older, console)), "steps", "steps_one_unfinished", "run_id"
     )
+
+
+def _new_organisation(sql: psycopg.Connection) -> None:
+    """One organisation's 50,000 runs analysed, then 20,000 of a second one the statistics do
+    not know yet: to the planner, `org_id = 'newco'` matches about one row. Run ids are
+    time-ordered, as `ids.new_run_id` makes them; start keys are long (a caller's own key, a
+    payload's hash), which makes their index a level deeper than the others that lead with
+    the organisation: read as one row, the organisation's runs are cheaper to reach by those."""
+    sql.execute(
+        "INSERT INTO runs (org_id, run_id, automation_id, version, start_key, start_key_kind, "
+        "status, max_steps, deadline_at) "
+        "SELECT 'acme', 'run_' || lpad(g::text, 12, '0'), 'a', 1, 'a:' || repeat(md5(g::text), 6), "
+        "'event', 'completed', 100, now() FROM generate_series(1, 50000) g"
+    )
+    sql.execute("ANALYZE runs")
+    sql.execute(
+        "INSERT INTO runs (org_id, run_id, automation_id, version, start_key, start_key_kind, "
+        "status, max_steps, deadline_at) "
+        "SELECT 'newco', 'run_' || lpad(g::text, 12, '0'), 'a', 1, 'a:' || repeat(md5(g::text), 6), "
+        "'event', 'completed', 100, now() FROM generate_series(1, 20000) g"
+    )
+
+
+def test_a_start_finds_earlier_runs_by_start_key_in_an_organisation_the_statistics_miss(
+    sql: psycopg.Connection,
+) -> None:
+    # 2026-12-07: the start's probe for earlier runs of its keys, `org_id = <constant>`, was
+    # read by runs_pkey and filtered on the key for an organisation the statistics had not seen
+    # (the bench's live run, a new tenant): every start read all of the organisation's runs,
+    # 5-7 ms a key in a batch of 16 (auto_explain). Which index of the organisation's wins
+    # there is a tie the planner breaks by its costs' last digits (runs_pkey in the bench,
+    # runs_page_by_automation here, the key's own when its keys are short). Compared with a
+    # value the planner does not see, the organisation is an average one and only the key's
+    # own index reads one row.
+    from onward.start import Q as start_q
+
+    _new_organisation(sql)
+    items = [
+        {
+            "idx": i,
+            "run_id": f"x{i}",
+            "automation_id": "a",
+            "version": None,
+            "start_key": f"a:e{i}",
+            "start_key_kind": "event",
+            "input": {},
+            "contact_id": None,
+            "traceparent": None,
+        }
+        for i in range(16)
+    ]
+    start = {
+        "org_id": "newco",
+        "run_id": "x",
+        "automation_id": "a",
+        "version": 1,
+        "start_key": "a:e1",
+        "start_key_kind": "event",
+        "input": Jsonb({}),
+        "contact_id": None,
+        "traceparent": None,
+        "start_step_id": "s",
+        "start_kind": "set",
+        "start_lane": "fast",
+        "max_steps": 100,
+        "max_age_s": 60,
+    }
+    statements = {
+        "start_many": (start_q.start_many, {**start, "items": Jsonb(items)}),
+        "start_run": (start_q.start_run, start),
+        "find_duplicate": (start_q.find_duplicate, start),
+        "find_duplicates": (
+            start_q.find_duplicates,
+            {"org_id": "newco", "start_keys": [f"a:e{i}" for i in range(16)]},
+        ),
+    }
+    for name, (statement, params) in statements.items():
+        probes = [s for s in _scans(_plan(sql, statement, params)) if s[1].startswith("runs")]
+        assert probes, name
+        assert all(index == "runs_org_id_start_key_key" for _, index, _ in probes), (name, probes)
+
+
+def test_a_run_is_read_by_its_key_in_an_organisation_the_statistics_miss(
+    sql: psycopg.Connection,
+) -> None:
+    # the same tie for a run's own key: with statistics on runs.org_id, `org_id = 'newco' AND
+    # run_id = ...` read runs_page_by_automation -- run_id is its fourth column -- from the
+    # organisation's first entry to its last (EXPLAIN on this state before migration 0030)
+    from onward.cancel import Q as cancel_q
+
+    _new_organisation(sql)
+    scans = _scans(_plan(sql, cancel_q.lock_run, {"org_id": "newco", "run_id": "run_17"}))
+    assert scans == [("Index Scan", "runs_pkey", scans[0][2])], scans
