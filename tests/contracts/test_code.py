@@ -149,7 +149,9 @@ def test_no_table_keeps_statistics_on_org_id() -> None:
     # the organisation's rows (tests/integration/test_batch_plans.py); a new table sets it too
     text = (SRC / "db" / "schema.sql").read_text(encoding="utf-8")
     tables = set(re.findall(r"CREATE TABLE (\w+) \(\n    org_id ", text))
-    unset = tables - set(re.findall(r"ALTER TABLE (\w+) ALTER COLUMN org_id SET STATISTICS 0;", text))
+    unset = tables - set(
+        re.findall(r"ALTER TABLE (\w+) ALTER COLUMN org_id SET STATISTICS 0;", text)
+    )
     assert len(tables) > 30 and unset == set(), (
         f"ALTER TABLE <t> ALTER COLUMN org_id SET STATISTICS 0 in the migration that makes: {unset}"
     )
