@@ -50,14 +50,10 @@ SELECT count(*) AS cancelled FROM st;
 -- name: request
 -- A step is in flight: ask it to stop at its next safe point (first request wins the
 -- timestamp; a repeated request changes nothing and writes no history). A ready step (one
--- whose interrupted effect must be reconciled first) becomes claimable now. The step's status
--- is compared with a value the planner does not see: a constant 'ready' implies
--- steps_claimable's predicate, and a generic plan read that whole index when its statistics
--- called it empty (tests/integration/test_batch_plans.py).
+-- whose interrupted effect must be reconciled first) becomes claimable now.
 WITH step AS (
     UPDATE steps SET available_at = least(available_at, now()), updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
-      AND status = (SELECT 'ready'::text)
+    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'ready'
 ),
 run AS (
     UPDATE runs

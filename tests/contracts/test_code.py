@@ -141,17 +141,3 @@ def test_every_key_and_index_leads_with_org_id_but_the_declared_ones() -> None:
         "keys and indexes lead with org_id; declare a deliberate exception in "
         "CROSS_ORG_INDEXES and in the README's Architecture section"
     )
-
-
-def test_no_table_keeps_statistics_on_org_id() -> None:
-    # migration 0030: with statistics, an organisation the last ANALYZE did not see reads as
-    # one row, every index that leads with org_id ties, and a lookup by key may read all of
-    # the organisation's rows (tests/integration/test_batch_plans.py); a new table sets it too
-    text = (SRC / "db" / "schema.sql").read_text(encoding="utf-8")
-    tables = set(re.findall(r"CREATE TABLE (\w+) \(\n    org_id ", text))
-    unset = tables - set(
-        re.findall(r"ALTER TABLE (\w+) ALTER COLUMN org_id SET STATISTICS 0;", text)
-    )
-    assert len(tables) > 30 and unset == set(), (
-        f"ALTER TABLE <t> ALTER COLUMN org_id SET STATISTICS 0 in the migration that makes: {unset}"
-    )

@@ -28,10 +28,6 @@ SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attident
 FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
 """
-_STATISTICS = """
-SELECT attname, attstattarget FROM pg_attribute
-WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attstattarget >= 0 ORDER BY attnum
-"""
 _CONSTRAINTS = """
 SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s ORDER BY conname
 """
@@ -83,10 +79,6 @@ def dump(url: str) -> str:
             out.append(f"CREATE TABLE {table} (\n" + ",\n".join(lines) + "\n);")
             out.extend(f"{row[0]};" for row in conn.execute(_INDEXES, (oid,)))
             out.extend(f"{row[0]};" for row in conn.execute(_TRIGGERS, (oid,)))
-            out.extend(
-                f"ALTER TABLE {table} ALTER COLUMN {name} SET STATISTICS {target};"
-                for name, target in conn.execute(_STATISTICS, (oid,))
-            )
             security = conn.execute(_SECURITY, (oid,)).fetchone()
             if security is not None and security[2]:  # storage options (fillfactor)
                 out.append(f"ALTER TABLE {table} SET ({security[2]});")

@@ -16,7 +16,6 @@ CREATE TABLE api_keys (
     CONSTRAINT api_keys_scopes CHECK (((cardinality(scopes) > 0) AND (scopes <@ ARRAY['runs:read'::text, 'runs:write'::text, 'automations:write'::text, 'admin'::text])))
 );
 CREATE UNIQUE INDEX api_keys_by_key_id ON public.api_keys USING btree (key_id);
-ALTER TABLE api_keys ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE api_keys ENABLE ROW LEVEL SECURITY;
 ALTER TABLE api_keys FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON api_keys FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -46,7 +45,6 @@ CREATE TABLE approvals (
 );
 CREATE INDEX approvals_by_step ON public.approvals USING btree (org_id, run_id, seq, request);
 CREATE UNIQUE INDEX approvals_one_pending ON public.approvals USING btree (org_id, run_id, seq) WHERE (status = 'pending'::text);
-ALTER TABLE approvals ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE approvals ENABLE ROW LEVEL SECURITY;
 ALTER TABLE approvals FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON approvals FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -60,7 +58,6 @@ CREATE TABLE approvers (
     revoked_at timestamp with time zone,
     CONSTRAINT approvers_pkey PRIMARY KEY (org_id, approver, scope)
 );
-ALTER TABLE approvers ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE approvers ENABLE ROW LEVEL SECURITY;
 ALTER TABLE approvers FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON approvers FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -77,7 +74,6 @@ CREATE TABLE audit (
     CONSTRAINT audit_pkey PRIMARY KEY (org_id, audit_id)
 );
 CREATE INDEX audit_by_action ON public.audit USING btree (org_id, action, audit_id);
-ALTER TABLE audit ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE audit ENABLE ROW LEVEL SECURITY;
 ALTER TABLE audit FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON audit FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -100,7 +96,6 @@ CREATE TABLE automation_versions (
 );
 CREATE INDEX automation_versions_digest ON public.automation_versions USING btree (org_id, automation_id, digest);
 CREATE TRIGGER automation_versions_immutable BEFORE DELETE OR UPDATE ON public.automation_versions FOR EACH ROW EXECUTE FUNCTION onward_version_immutable();
-ALTER TABLE automation_versions ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE automation_versions ENABLE ROW LEVEL SECURITY;
 ALTER TABLE automation_versions FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON automation_versions FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -114,7 +109,6 @@ CREATE TABLE automations (
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT automations_pkey PRIMARY KEY (org_id, automation_id)
 );
-ALTER TABLE automations ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE automations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE automations FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON automations FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -131,7 +125,6 @@ CREATE TABLE budget_charges (
     CONSTRAINT budget_charges_pkey PRIMARY KEY (org_id, effect_key, scope, unit)
 );
 CREATE INDEX budget_charges_day ON public.budget_charges USING btree (org_id, scope, unit, day);
-ALTER TABLE budget_charges ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE budget_charges ENABLE ROW LEVEL SECURITY;
 ALTER TABLE budget_charges FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON budget_charges FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -147,7 +140,6 @@ CREATE TABLE budget_reservations (
     CONSTRAINT budget_reservations_pkey PRIMARY KEY (org_id, effect_key, scope, unit)
 );
 CREATE INDEX budget_reservations_scope ON public.budget_reservations USING btree (org_id, scope, unit, lease_until);
-ALTER TABLE budget_reservations ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE budget_reservations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE budget_reservations FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON budget_reservations FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -163,7 +155,6 @@ CREATE TABLE budgets (
     CONSTRAINT budgets_pkey PRIMARY KEY (org_id, scope, unit),
     CONSTRAINT budgets_unit_check CHECK ((unit = ANY (ARRAY['usd'::text, 'tokens'::text])))
 );
-ALTER TABLE budgets ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE budgets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE budgets FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON budgets FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -190,7 +181,6 @@ CREATE TABLE circuits (
     CONSTRAINT circuits_window_seconds_check CHECK ((window_seconds > (0)::double precision))
 );
 CREATE INDEX circuits_open ON public.circuits USING btree (org_id, retry_at) WHERE (state = 'open'::text);
-ALTER TABLE circuits ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE circuits ENABLE ROW LEVEL SECURITY;
 ALTER TABLE circuits FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON circuits FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -212,7 +202,6 @@ CREATE TABLE connections (
     CONSTRAINT connections_pkey PRIMARY KEY (org_id, connection_id),
     CONSTRAINT connections_status_check CHECK ((status = ANY (ARRAY['ok'::text, 'broken'::text])))
 );
-ALTER TABLE connections ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE connections ENABLE ROW LEVEL SECURITY;
 ALTER TABLE connections FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON connections FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -228,7 +217,6 @@ CREATE TABLE correlations (
     CONSTRAINT correlations_pkey PRIMARY KEY (org_id, key)
 );
 CREATE INDEX correlations_by_run ON public.correlations USING btree (org_id, run_id);
-ALTER TABLE correlations ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE correlations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE correlations FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON correlations FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -258,7 +246,6 @@ CREATE INDEX effects_by_run ON public.effects USING btree (org_id, run_id);
 CREATE INDEX effects_recent ON public.effects USING btree (org_id, created_at);
 CREATE INDEX effects_review ON public.effects USING btree (org_id, run_id, seq) WHERE (status = 'review'::text);
 CREATE INDEX effects_unsettled ON public.effects USING btree (org_id, lease_until) WHERE (status = ANY (ARRAY['in_flight'::text, 'outcome_unknown'::text]));
-ALTER TABLE effects ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE effects ENABLE ROW LEVEL SECURITY;
 ALTER TABLE effects FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON effects FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -271,7 +258,6 @@ CREATE TABLE engine_secrets (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT engine_secrets_pkey PRIMARY KEY (org_id, name)
 );
-ALTER TABLE engine_secrets ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE engine_secrets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE engine_secrets FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON engine_secrets FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -292,7 +278,6 @@ CREATE TABLE erasures (
     CONSTRAINT erasures_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'done'::text])))
 );
 CREATE INDEX erasures_pending ON public.erasures USING btree (org_id, requested_at) WHERE (status = 'pending'::text);
-ALTER TABLE erasures ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE erasures ENABLE ROW LEVEL SECURITY;
 ALTER TABLE erasures FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON erasures FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -313,7 +298,6 @@ CREATE TABLE history_log (
     CONSTRAINT history_log_event_known CHECK ((event = ANY (ARRAY['run_started'::text, 'start_duplicate'::text, 'step_ready'::text, 'step_claimed'::text, 'step_done'::text, 'step_skipped'::text, 'step_waiting'::text, 'step_retry'::text, 'step_deferred'::text, 'step_released'::text, 'lease_expired'::text, 'timer_fired'::text, 'timer_moved'::text, 'signal_consumed'::text, 'signal_refused'::text, 'signal_late'::text, 'approval_requested'::text, 'approval_decided'::text, 'approval_refused'::text, 'approval_expired'::text, 'circuit_opened'::text, 'circuit_half_open'::text, 'circuit_closed'::text, 'cancel_requested'::text, 'run_migrated'::text, 'run_erased'::text, 'review_resolved'::text, 'run_forked'::text, 'step_resumed'::text, 'step_parked'::text, 'step_failed'::text, 'step_cancelled'::text, 'run_parked'::text, 'run_completed'::text, 'run_failed'::text, 'run_cancelled'::text, 'run_exceeded'::text, 'effect_claimed'::text, 'effect_settled'::text, 'effect_not_done'::text, 'effect_unknown'::text, 'effect_reconciled'::text, 'effect_review'::text]))),
     CONSTRAINT history_log_pkey PRIMARY KEY (org_id, run_id, event_id)
 );
-ALTER TABLE history_log ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE history_log ENABLE ROW LEVEL SECURITY;
 ALTER TABLE history_log FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON history_log FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -327,7 +311,6 @@ CREATE TABLE hook_secrets (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT hook_secrets_pkey PRIMARY KEY (org_id, automation_id, secret_id)
 );
-ALTER TABLE hook_secrets ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE hook_secrets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE hook_secrets FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON hook_secrets FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -339,7 +322,6 @@ CREATE TABLE intake_windows (
     requests integer NOT NULL,
     CONSTRAINT intake_windows_pkey PRIMARY KEY (org_id, window_start)
 );
-ALTER TABLE intake_windows ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE intake_windows ENABLE ROW LEVEL SECURITY;
 ALTER TABLE intake_windows FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON intake_windows FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -353,7 +335,6 @@ CREATE TABLE leader_leases (
     lease_until timestamp with time zone NOT NULL,
     CONSTRAINT leader_leases_pkey PRIMARY KEY (org_id, name)
 );
-ALTER TABLE leader_leases ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE leader_leases ENABLE ROW LEVEL SECURITY;
 ALTER TABLE leader_leases FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON leader_leases FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -366,7 +347,6 @@ CREATE TABLE limit_bookings (
     slot_at timestamp with time zone NOT NULL,
     CONSTRAINT limit_bookings_pkey PRIMARY KEY (org_id, key, run_id, seq)
 );
-ALTER TABLE limit_bookings ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE limit_bookings ENABLE ROW LEVEL SECURITY;
 ALTER TABLE limit_bookings FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON limit_bookings FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -381,7 +361,6 @@ CREATE TABLE limit_slots (
     acquired_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT limit_slots_pkey PRIMARY KEY (org_id, key, run_id, seq)
 );
-ALTER TABLE limit_slots ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE limit_slots ENABLE ROW LEVEL SECURITY;
 ALTER TABLE limit_slots FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON limit_slots FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -402,7 +381,6 @@ CREATE TABLE limits (
     CONSTRAINT limits_per_seconds_check CHECK ((per_seconds > (0)::double precision)),
     CONSTRAINT limits_pkey PRIMARY KEY (org_id, key)
 );
-ALTER TABLE limits ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE limits ENABLE ROW LEVEL SECURITY;
 ALTER TABLE limits FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON limits FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -426,7 +404,6 @@ CREATE TABLE notification_deliveries (
 );
 CREATE INDEX notification_deliveries_due ON public.notification_deliveries USING btree (next_attempt_at) WHERE (status = 'pending'::text);
 CREATE INDEX notification_deliveries_failed ON public.notification_deliveries USING btree (org_id, notification_id) WHERE (status = 'failed'::text);
-ALTER TABLE notification_deliveries ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE notification_deliveries ENABLE ROW LEVEL SECURITY;
 ALTER TABLE notification_deliveries FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON notification_deliveries FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -447,7 +424,6 @@ CREATE TABLE notification_destinations (
     CONSTRAINT notification_destinations_kind_check CHECK ((kind = ANY (ARRAY['webhook'::text, 'slack'::text, 'email'::text]))),
     CONSTRAINT notification_destinations_pkey PRIMARY KEY (org_id, destination_id)
 );
-ALTER TABLE notification_destinations ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE notification_destinations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE notification_destinations FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON notification_destinations FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -464,7 +440,6 @@ CREATE TABLE notifications (
     CONSTRAINT notifications_pkey PRIMARY KEY (org_id, notification_id)
 );
 CREATE INDEX notifications_undelivered ON public.notifications USING btree (org_id, created_at) WHERE (delivered_at IS NULL);
-ALTER TABLE notifications ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE notifications ENABLE ROW LEVEL SECURITY;
 ALTER TABLE notifications FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON notifications FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -478,7 +453,6 @@ CREATE TABLE onward_migrations (
     applied_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT onward_migrations_pkey PRIMARY KEY (org_id, version)
 );
-ALTER TABLE onward_migrations ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE onward_migrations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE onward_migrations FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON onward_migrations FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -505,7 +479,6 @@ CREATE TABLE operations (
     CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['running'::text, 'done'::text, 'failed'::text])))
 );
 CREATE INDEX operations_running ON public.operations USING btree (org_id, lease_until) WHERE (status = 'running'::text);
-ALTER TABLE operations ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE operations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE operations FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON operations FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -521,7 +494,6 @@ CREATE TABLE organisations (
     CONSTRAINT organisations_retention_days_check CHECK ((retention_days > (0)::double precision))
 );
 CREATE INDEX organisations_due ON public.organisations USING btree (last_timer_served_at NULLS FIRST, org_id) WHERE has_due_work;
-ALTER TABLE organisations ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE organisations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE organisations FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON organisations FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -534,7 +506,6 @@ CREATE TABLE outbound_allow (
     CONSTRAINT outbound_allow_entry_check CHECK (((length(entry) >= 1) AND (length(entry) <= 300))),
     CONSTRAINT outbound_allow_pkey PRIMARY KEY (org_id, entry)
 );
-ALTER TABLE outbound_allow ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE outbound_allow ENABLE ROW LEVEL SECURITY;
 ALTER TABLE outbound_allow FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON outbound_allow FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -553,7 +524,6 @@ CREATE TABLE outbox (
     CONSTRAINT outbox_pkey PRIMARY KEY (org_id, outbox_id)
 );
 CREATE INDEX outbox_unsent ON public.outbox USING btree (deliver_at, outbox_id) WHERE (sent_at IS NULL);
-ALTER TABLE outbox ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE outbox SET (fillfactor=50);
 ALTER TABLE outbox ENABLE ROW LEVEL SECURITY;
 ALTER TABLE outbox FORCE ROW LEVEL SECURITY;
@@ -597,7 +567,6 @@ CREATE INDEX runs_page ON public.runs USING btree (org_id, created_at, run_id);
 CREATE INDEX runs_page_by_automation ON public.runs USING btree (org_id, automation_id, created_at, run_id);
 CREATE INDEX runs_page_by_status ON public.runs USING btree (org_id, status, created_at, run_id);
 CREATE INDEX runs_waiting_deadline ON public.runs USING btree (org_id, deadline_at) WHERE (status = ANY (ARRAY['waiting'::text, 'parked'::text]));
-ALTER TABLE runs ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE runs SET (fillfactor=50);
 ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE runs FORCE ROW LEVEL SECURITY;
@@ -638,7 +607,6 @@ CREATE TABLE schedules (
     CONSTRAINT schedules_pkey PRIMARY KEY (org_id, automation_id, schedule_id)
 );
 CREATE INDEX schedules_due ON public.schedules USING btree (org_id, next_fire_at) WHERE ((NOT paused) AND (next_fire_at IS NOT NULL));
-ALTER TABLE schedules ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE schedules ENABLE ROW LEVEL SECURITY;
 ALTER TABLE schedules FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON schedules FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -663,7 +631,6 @@ CREATE TABLE signals (
 CREATE INDEX signals_by_key ON public.signals USING btree (org_id, correlation_key) WHERE (run_id IS NULL);
 CREATE INDEX signals_by_run ON public.signals USING btree (org_id, run_id) WHERE (run_id IS NOT NULL);
 CREATE INDEX signals_pending ON public.signals USING btree (org_id, run_id, name, received_at) WHERE (status = 'pending'::text);
-ALTER TABLE signals ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE signals ENABLE ROW LEVEL SECURITY;
 ALTER TABLE signals FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON signals FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -704,7 +671,6 @@ CREATE INDEX steps_claimable ON public.steps USING btree (lane, available_at) WH
 CREATE INDEX steps_leased ON public.steps USING btree (lease_until) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX steps_one_unfinished ON public.steps USING btree (org_id, run_id) WHERE (status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text]));
 CREATE INDEX steps_parked ON public.steps USING btree (org_id, wait_kind) WHERE (status = 'parked'::text);
-ALTER TABLE steps ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE steps SET (fillfactor=70);
 ALTER TABLE steps ENABLE ROW LEVEL SECURITY;
 ALTER TABLE steps FORCE ROW LEVEL SECURITY;
@@ -719,7 +685,6 @@ CREATE TABLE suppressions (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT suppressions_pkey PRIMARY KEY (org_id, contact, channel)
 );
-ALTER TABLE suppressions ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE suppressions ENABLE ROW LEVEL SECURITY;
 ALTER TABLE suppressions FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON suppressions FOR ALL TO onward_engine USING (true) WITH CHECK (true);
@@ -744,7 +709,6 @@ CREATE INDEX timers_by_step ON public.timers USING btree (org_id, run_id, seq);
 CREATE INDEX timers_calendar_pending ON public.timers USING btree (org_id, timer_id) WHERE ((fired_at IS NULL) AND (intent ? 'rule'::text));
 CREATE INDEX timers_due ON public.timers USING btree (org_id, due_at) WHERE (fired_at IS NULL);
 CREATE INDEX timers_fired ON public.timers USING btree (org_id, fired_at) WHERE (fired_at IS NOT NULL);
-ALTER TABLE timers ALTER COLUMN org_id SET STATISTICS 0;
 ALTER TABLE timers ENABLE ROW LEVEL SECURITY;
 ALTER TABLE timers FORCE ROW LEVEL SECURITY;
 CREATE POLICY every_org ON timers FOR ALL TO onward_engine USING (true) WITH CHECK (true);
