@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import orjson
 from psycopg.types.json import Jsonb
 
 from onward import audit, erasure, ids, metrics, tracing
@@ -83,13 +84,23 @@ def _checked(
     if not isinstance(payload, dict):
         raise InvalidInput(f"the payload must be a JSON object, not {type(payload).__name__}")
     # max_bytes: a structure that shares one sub-list many times stops here, early, instead of
-    # being expanded by json.dumps below
+    # being expanded by the encoding below
     check_storable(payload, "the payload", max_bytes=4 * max_payload_bytes)
-    text = json.dumps(payload, default=str)
-    size = len(text.encode())
-    if size > max_payload_bytes:
-        raise PayloadTooLarge(size, max_payload_bytes)
-    return text
+    raw = _json_bytes(payload)
+    if len(raw) > max_payload_bytes:
+        raise PayloadTooLarge(len(raw), max_payload_bytes)
+    return raw.decode()
+
+
+def _json_bytes(value: Any) -> bytes:
+    """A checked value (``check_storable``: JSON's types only) as JSON in UTF-8, as PostgreSQL
+    will hold it: orjson, a tenth of ``json``'s time (two ``json.dumps`` a start were about 15 %
+    of the starting process's CPU, 2026-12-07); ``json`` for the little orjson refuses (an
+    integer beyond 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(value, ensure_ascii=False).encode()
 
 
 def start_key_kind(event_id: str | None, key: str | None) -> str:
@@ -262,7 +273,7 @@ def _items_json(prepared: Sequence[Prepared]) -> str:
     id, its key and its payload as ``prepare`` measured it (not encoded again)."""
     items = []
     for i, p in enumerate(prepared):
-        head = json.dumps(
+        head = _json_bytes(
             {
                 "idx": i,
                 "run_id": ids.new_run_id(),
@@ -274,7 +285,7 @@ def _items_json(prepared: Sequence[Prepared]) -> str:
                 "traceparent": p.traceparent,
             }
         )
-        items.append(f'{head[:-1]}, "input": {p.text}}}')
+        items.append(f'{head[:-1].decode()}, "input": {p.text}}}')
     return "[" + ",".join(items) + "]"
 
 

@@ -437,4 +437,3 @@ def test_a_start_finds_earlier_runs_by_start_key_in_an_organisation_the_statisti
         probes = [s for s in _scans(_plan(sql, statement, params)) if s[1].startswith("runs")]
         assert probes, name
         assert all(index == "runs_org_id_start_key_key" for _, index, _ in probes), (name, probes)
-

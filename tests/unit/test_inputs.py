@@ -74,3 +74,22 @@ def test_check_text() -> None:
         check_text("a\x00b", "X-Event-Id")
     with pytest.raises(InvalidInput, match="lone surrogate"):
         check_text("a\udfffb", "automation id")
+
+
+def test_a_start_payload_is_measured_as_utf8_json_and_keeps_every_digit() -> None:
+    # start.prepare: the payload's JSON in UTF-8 as PostgreSQL holds it (orjson), json for what
+    # orjson refuses (an integer beyond 64 bits), each measured against the limit
+    import json
+
+    from onward.errors import PayloadTooLarge
+    from onward.start import prepare
+
+    p = prepare("greet", {"name": "Zoë", "n": 2**70, "xs": (1, 2.5, None, True)}, event_id="e1")
+    assert json.loads(p.text) == {"name": "Zoë", "n": 2**70, "xs": [1, 2.5, None, True]}
+    assert "Zoë" in p.text and p.start_key == "greet:e1"
+    text = prepare("greet", {"s": "é" * 10}, max_payload_bytes=28).text
+    assert len(text.encode()) == 28  # {"s":""}: 8 bytes, and ten of two
+    with pytest.raises(PayloadTooLarge):
+        prepare("greet", {"s": "é" * 10}, max_payload_bytes=27)
+    with pytest.raises(InvalidInput, match=r"\$\.a\[1\]: nan is not a number"):
+        prepare("greet", {"a": [1, float("nan")]})
