@@ -7,14 +7,14 @@
 -- name: lock_step
 -- The run's unfinished step, locked (at most one: steps_one_unfinished).
 SELECT seq, step_id, kind, iteration, status, wait_kind, error FROM steps
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
   AND status IN ('ready', 'running', 'waiting', 'parked')
 FOR UPDATE;
 
 -- name: lock_run
 -- The run row, locked after its step.
 SELECT run_id, automation_id, version, status, finished_at FROM runs
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 FOR UPDATE;
 
 -- name: make_ready
@@ -30,7 +30,7 @@ WITH to_ready AS (
     -- `(SELECT 'parked'::text)`: a value the planner does not see, so the step is read by its
     -- key, never through steps_parked (every step of the organisation parked on that kind)
     -- whenever its statistics call that index nearly empty (tests/integration/test_batch_plans.py)
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
       AND status = (SELECT 'parked'::text) AND wait_kind = %(wait_kind)s
 ),
 {{make_ready}},
@@ -44,11 +44,11 @@ SELECT run_id, seq, step_id FROM ready;
 -- name: fork_source
 -- The run a fork is asked of: its status, automation, version and what it knew at its end.
 SELECT run_id, automation_id, version, status, finished_at, ctx FROM runs
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s;
 
 -- name: fork_steps
 -- Every step entry of that run, in order: the chosen one, and the outputs and variables of
 -- those before it.
 SELECT seq, step_id, kind, status, iteration, output, vars FROM steps
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 ORDER BY seq;

@@ -10,13 +10,13 @@ RETURNING org_id, key_id, name, scopes, created_at, created_by, revoked_at, revo
 -- name: list
 SELECT key_id, name, scopes, created_at, created_by, revoked_at, revoked_by, last_used_at
 FROM api_keys
-WHERE org_id = %(org_id)s
+WHERE org_id = (SELECT %(org_id)s::text)
 ORDER BY created_at DESC, key_id;
 
 -- name: revoke
 -- Revoke a live key of this organisation (a revoked one stays as it was: no row).
 UPDATE api_keys SET revoked_at = now(), revoked_by = %(by)s
-WHERE org_id = %(org_id)s AND key_id = %(key_id)s AND revoked_at IS NULL
+WHERE org_id = (SELECT %(org_id)s::text) AND key_id = %(key_id)s AND revoked_at IS NULL
 RETURNING key_id, name, scopes, created_at, created_by, revoked_at, revoked_by, last_used_at;
 
 -- name: lookup
@@ -28,5 +28,5 @@ WHERE key_id = %(key_id)s;
 -- name: touch
 -- last_used_at, at most once a minute per key (one write a minute, not one per request).
 UPDATE api_keys SET last_used_at = now()
-WHERE org_id = %(org_id)s AND key_id = %(key_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND key_id = %(key_id)s
   AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute');

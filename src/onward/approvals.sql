@@ -14,7 +14,7 @@ SELECT approval_id, run_id, seq, step_id, request, digest, content, approvers, c
        status, decided_by, decided_via, decided_at, deadline_at, message_ts, created_at,
        now() >= deadline_at AS past_deadline
 FROM approvals
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
 ORDER BY request DESC
 LIMIT 1;
 
@@ -25,7 +25,7 @@ LIMIT 1;
 -- retry after a crash) changes nothing and answers the stored row.
 WITH old AS (
     UPDATE approvals SET status = 'superseded'
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'pending'
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'pending'
       AND approval_id <> %(approval_id)s
     RETURNING approval_id
 ),
@@ -49,13 +49,13 @@ hist AS (
 SELECT approval_id, deadline_at, nonce, digest, request FROM ins
 UNION ALL
 SELECT approval_id, deadline_at, nonce, digest, request FROM approvals
-WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND approval_id = %(approval_id)s
   AND NOT EXISTS (SELECT 1 FROM ins);
 
 -- name: posted
 -- The Slack message that asks (its ts), for later updates.
 UPDATE approvals SET message_ts = %(message_ts)s
-WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND approval_id = %(approval_id)s;
 
 -- name: get
 -- One request, with the automation its run follows and whether its deadline passed.
@@ -64,7 +64,7 @@ SELECT a.approval_id, a.run_id, a.seq, a.step_id, a.request, a.digest, a.content
        a.message_ts, a.created_at, now() >= a.deadline_at AS past_deadline,
        r.automation_id, r.status AS run_status
 FROM approvals a JOIN runs r ON r.org_id = a.org_id AND r.run_id = a.run_id
-WHERE a.org_id = %(org_id)s AND a.approval_id = %(approval_id)s;
+WHERE a.org_id = (SELECT %(org_id)s::text) AND a.approval_id = %(approval_id)s;
 
 -- name: lock
 -- Lock a request for a decision (after the run's transition lock), and the unfired deadline timer of its
@@ -85,14 +85,14 @@ SELECT a.status, now() >= a.deadline_at AS past_deadline,
                  AND t.purpose = 'deadline' AND t.fired_by IN ('wake', 'sweep')
                  AND t.intent ->> 'approval_id' = a.approval_id) AS deadline_fired
 FROM approvals a
-WHERE a.org_id = %(org_id)s AND a.approval_id = %(approval_id)s
+WHERE a.org_id = (SELECT %(org_id)s::text) AND a.approval_id = %(approval_id)s
 FOR UPDATE OF a;
 
 -- name: permitted
 -- Whether this person may decide for this automation now (granted, not revoked).
 SELECT EXISTS (
     SELECT 1 FROM approvers
-    WHERE org_id = %(org_id)s AND approver = %(approver)s AND scope IN (%(automation_id)s, '*')
+    WHERE org_id = (SELECT %(org_id)s::text) AND approver = %(approver)s AND scope IN (%(automation_id)s, '*')
       AND revoked_at IS NULL
 ) AS permitted;
 
@@ -106,7 +106,7 @@ WITH a AS (
     UPDATE approvals
     SET status = %(status)s, decided_by = %(decided_by)s, decided_via = %(via)s,
         decided_at = now()
-    WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND approval_id = %(approval_id)s
       AND status = (SELECT 'pending'::text) AND %(status)s::text IS NOT NULL
     RETURNING org_id, run_id, seq, approval_id, status, decided_by, decided_via, digest
 ),
@@ -115,7 +115,7 @@ target AS (
     UNION ALL
     SELECT org_id, run_id, seq, approval_id, status, decided_by, decided_via, digest
     FROM approvals
-    WHERE %(status)s::text IS NULL AND org_id = %(org_id)s AND approval_id = %(approval_id)s
+    WHERE %(status)s::text IS NULL AND org_id = (SELECT %(org_id)s::text) AND approval_id = %(approval_id)s
       AND status IN ('approved', 'rejected', 'superseded')
 ),
 waiting AS (
@@ -160,7 +160,7 @@ SELECT (SELECT count(*) FROM a) AS settled, (SELECT count(*) FROM ready) AS woke
 -- and the run's history says so; the step's kind then applies the deadline's policy.
 WITH e AS (
     UPDATE approvals SET status = 'expired'
-    WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND approval_id = %(approval_id)s
       AND status = (SELECT 'pending'::text)
     RETURNING org_id, run_id, seq, step_id, approval_id, deadline_at
 ),
@@ -179,7 +179,7 @@ INSERT INTO history_log (org_id, run_id, event, seq, step_id, worker, detail)
 SELECT org_id, run_id, 'approval_refused', seq, step_id, %(worker)s,
        jsonb_build_object('approval_id', approval_id, 'by', %(decided_by)s::text,
                           'reason', %(reason)s::text, 'via', %(via)s::text)
-FROM approvals WHERE org_id = %(org_id)s AND approval_id = %(approval_id)s;
+FROM approvals WHERE org_id = (SELECT %(org_id)s::text) AND approval_id = %(approval_id)s;
 
 -- name: list
 -- An organisation's requests, newest first, narrowed by run or status.
@@ -187,7 +187,7 @@ SELECT a.approval_id, a.run_id, a.seq, a.step_id, a.request, a.digest, a.approve
        a.status, a.decided_by, a.decided_via, a.decided_at, a.deadline_at, a.message_ts,
        a.created_at
 FROM approvals a
-WHERE a.org_id = %(org_id)s
+WHERE a.org_id = (SELECT %(org_id)s::text)
   AND (%(run_id)s::text IS NULL OR a.run_id = %(run_id)s)
   AND (%(status)s::text IS NULL OR a.status = %(status)s)
 ORDER BY a.created_at DESC, a.approval_id
@@ -204,14 +204,14 @@ RETURNING approver, scope, granted_at, revoked_at;
 -- name: revoke
 -- Take the permission away; a click after this is refused, whatever the message says.
 UPDATE approvers SET revoked_at = now()
-WHERE org_id = %(org_id)s AND approver = %(approver)s AND scope = %(scope)s
+WHERE org_id = (SELECT %(org_id)s::text) AND approver = %(approver)s AND scope = %(scope)s
   AND revoked_at IS NULL
 RETURNING approver, scope, granted_at, revoked_at;
 
 -- name: approvers
 -- Every grant, live and revoked.
 SELECT approver, scope, granted_at, revoked_at FROM approvers
-WHERE org_id = %(org_id)s ORDER BY approver, scope;
+WHERE org_id = (SELECT %(org_id)s::text) ORDER BY approver, scope;
 
 -- name: secret
 -- The engine's own secret of this name, made once (the first process to ask stores it; every
@@ -230,5 +230,5 @@ LIMIT 1;
 -- The run was cancelled: its pending request decides nothing any more; a later click is refused
 -- as cancelled (approvals.py _why_not reads the run's status).
 UPDATE approvals SET status = 'cancelled'
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND status = 'pending'
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND status = 'pending'
 RETURNING approval_id;

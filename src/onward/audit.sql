@@ -11,7 +11,7 @@ RETURNING audit_id;
 -- An organisation's audit rows, newest first, before a keyset cursor (audit_id), optionally
 -- of one action and since an instant.
 SELECT audit_id, at, actor, action, target, detail FROM audit
-WHERE org_id = %(org_id)s
+WHERE org_id = (SELECT %(org_id)s::text)
   AND audit_id < %(before)s
   AND (%(action)s::text IS NULL OR action = %(action)s::text)
   AND (%(since)s::timestamptz IS NULL OR at >= %(since)s::timestamptz)

@@ -6,7 +6,7 @@
 -- name: of_scopes
 -- The budgets that apply to a call of this automation.
 SELECT scope, unit, per_day FROM budgets
-WHERE org_id = %(org_id)s AND scope IN ('*', %(automation_id)s)
+WHERE org_id = (SELECT %(org_id)s::text) AND scope IN ('*', %(automation_id)s)
 ORDER BY scope, unit;
 
 -- name: lock_budget
@@ -19,10 +19,10 @@ SELECT pg_advisory_xact_lock(
 -- fit in the budget; answers reserved = false (and the use) when they do not.
 WITH use AS (
     SELECT coalesce((SELECT sum(amount) FROM budget_charges
-                     WHERE org_id = %(org_id)s AND scope = %(scope)s AND unit = %(unit)s
+                     WHERE org_id = (SELECT %(org_id)s::text) AND scope = %(scope)s AND unit = %(unit)s
                        AND day = (now() AT TIME ZONE 'UTC')::date), 0) AS charged,
            coalesce((SELECT sum(amount) FROM budget_reservations
-                     WHERE org_id = %(org_id)s AND scope = %(scope)s AND unit = %(unit)s
+                     WHERE org_id = (SELECT %(org_id)s::text) AND scope = %(scope)s AND unit = %(unit)s
                        AND lease_until > now() AND effect_key <> %(effect_key)s), 0) AS reserved
 ),
 ins AS (
@@ -41,19 +41,19 @@ SELECT EXISTS (SELECT 1 FROM ins) AS reserved, use.charged, use.reserved AS othe
 -- nothing again), and its reservations released, in one statement.
 WITH freed AS (
     DELETE FROM budget_reservations
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s
     RETURNING scope, unit
 )
 INSERT INTO budget_charges (org_id, effect_key, scope, unit, day, amount)
 SELECT %(org_id)s, %(effect_key)s, b.scope, b.unit, (now() AT TIME ZONE 'UTC')::date,
        CASE WHEN b.unit = 'usd' THEN %(usd)s::numeric ELSE %(tokens)s::numeric END
 FROM budgets b
-WHERE b.org_id = %(org_id)s AND b.scope IN ('*', %(automation_id)s)
+WHERE b.org_id = (SELECT %(org_id)s::text) AND b.scope IN ('*', %(automation_id)s)
 ON CONFLICT (org_id, effect_key, scope, unit) DO NOTHING;
 
 -- name: release
 -- The call was not made (or its outcome is not a cost): give the reservations back.
-DELETE FROM budget_reservations WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s;
+DELETE FROM budget_reservations WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s;
 
 -- name: set_budget
 -- Set a budget (per day); resuming the steps parked on budgets follows.
@@ -70,7 +70,7 @@ RETURNING scope, unit, per_day;
 WITH picked AS (
     SELECT org_id, run_id, seq FROM steps
     WHERE status = 'parked' AND wait_kind = 'budget'
-      AND (%(org_id)s::text IS NULL OR org_id = %(org_id)s)
+      AND (%(org_id)s::text IS NULL OR org_id = (SELECT %(org_id)s::text))
       AND (NOT %(renewed_only)s
            OR (updated_at AT TIME ZONE 'UTC')::date < (now() AT TIME ZONE 'UTC')::date)
     ORDER BY updated_at
@@ -156,4 +156,4 @@ SELECT b.scope, b.unit, b.per_day,
                    AND r.lease_until > now()), 0) AS reserved,
        (SELECT count(*) FROM steps st
         WHERE st.org_id = b.org_id AND st.status = 'parked' AND st.wait_kind = 'budget') AS parked
-FROM budgets b WHERE b.org_id = %(org_id)s ORDER BY b.scope, b.unit;
+FROM budgets b WHERE b.org_id = (SELECT %(org_id)s::text) ORDER BY b.scope, b.unit;

@@ -8,14 +8,14 @@
 -- name: lock_step
 -- The run's unfinished step, locked (at most one: steps_one_unfinished).
 SELECT seq, step_id, status, wait_kind, attempt FROM steps
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
   AND status IN ('ready', 'running', 'waiting', 'parked')
 FOR UPDATE;
 
 -- name: lock_run
 -- The run row, locked after its step.
 SELECT run_id, automation_id, version, status, finished_at, cancel_requested_at
-FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+FROM runs WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 FOR UPDATE;
 
 -- name: cancel_now
@@ -24,7 +24,7 @@ WITH st AS (
     UPDATE steps
     SET status = 'cancelled', owner = NULL, lease_until = NULL, finished_at = now(),
         updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
       AND status IN ('ready', 'waiting', 'parked')
     RETURNING org_id, run_id, seq, step_id
 ),
@@ -53,12 +53,12 @@ SELECT count(*) AS cancelled FROM st;
 -- whose interrupted effect must be reconciled first) becomes claimable now.
 WITH step AS (
     UPDATE steps SET available_at = least(available_at, now()), updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'ready'
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'ready'
 ),
 run AS (
     UPDATE runs
     SET cancel_requested_at = now(), cancel_requested_by = %(by)s, updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND finished_at IS NULL
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND finished_at IS NULL
       AND cancel_requested_at IS NULL
     RETURNING org_id, run_id
 ),
@@ -74,7 +74,7 @@ SELECT count(*) AS requested FROM run;
 -- The next page of unfinished runs an operation names, by run id (its cursor). Served by
 -- runs_by_version (the unfinished runs, status included: migration 0025), automation named or not.
 SELECT run_id FROM runs
-WHERE org_id = %(org_id)s AND finished_at IS NULL AND run_id > %(after)s
+WHERE org_id = (SELECT %(org_id)s::text) AND finished_at IS NULL AND run_id > %(after)s
   AND (%(automation_id)s::text IS NULL OR automation_id = %(automation_id)s)
   AND (%(version)s::int IS NULL OR version = %(version)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)

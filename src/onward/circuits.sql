@@ -6,7 +6,7 @@
 -- name: not_closed
 -- The circuits of these keys that are not closed (none: the call goes through).
 SELECT key, state, probe_run_id, probe_seq, retry_at FROM circuits
-WHERE org_id = %(org_id)s AND key = ANY (%(keys)s::text[]) AND state <> 'closed'
+WHERE org_id = (SELECT %(org_id)s::text) AND key = ANY (%(keys)s::text[]) AND state <> 'closed'
 ORDER BY key;
 
 -- name: take_probe
@@ -15,7 +15,7 @@ ORDER BY key;
 -- (%(steal)s): the circuits of one call (its connection's and its provider's) then share one
 -- probe, and two probes never wait on each other.
 UPDATE circuits SET probe_run_id = %(run_id)s, probe_seq = %(seq)s, updated_at = now()
-WHERE org_id = %(org_id)s AND key = %(key)s AND state = 'half_open'
+WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s AND state = 'half_open'
   AND (probe_run_id IS NULL OR (probe_run_id = %(run_id)s AND probe_seq = %(seq)s)
        OR %(steal)s)
 RETURNING key;
@@ -27,7 +27,7 @@ RETURNING key;
 -- circuit (its probe failed), opens it until now + cool-down, with a history row on the run
 -- whose failure opened it. Answers the state after, and whether this failure opened it.
 WITH cur AS (
-    SELECT * FROM circuits WHERE org_id = %(org_id)s AND key = %(key)s FOR UPDATE
+    SELECT * FROM circuits WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s FOR UPDATE
 ),
 next AS (
     SELECT cur.org_id, cur.key,
@@ -123,7 +123,7 @@ WITH c AS (
     UPDATE circuits
     SET state = 'closed', failures = 0, window_started_at = NULL, probe_run_id = NULL,
         probe_seq = NULL, updated_at = now()
-    WHERE org_id = %(org_id)s AND key = ANY (%(keys)s::text[]) AND state = 'half_open'
+    WHERE org_id = (SELECT %(org_id)s::text) AND key = ANY (%(keys)s::text[]) AND state = 'half_open'
       AND probe_run_id = %(run_id)s AND probe_seq = %(seq)s
     RETURNING org_id, key
 ),
@@ -135,7 +135,7 @@ to_ready AS (
     FROM steps st JOIN c ON st.org_id = c.org_id
     -- the organisation's steps parked on a circuit (steps_parked by org and kind: the org is
     -- the parameter, so never every organisation's parked steps hashed against the circuit)
-    WHERE st.org_id = %(org_id)s AND st.status = 'parked' AND st.wait_kind = 'circuit'
+    WHERE st.org_id = (SELECT %(org_id)s::text) AND st.status = 'parked' AND st.wait_kind = 'circuit'
       AND st.error ->> 'circuit' = c.key
 ),
 {{make_ready}},
@@ -189,7 +189,7 @@ SELECT c.key, c.state, c.failures, c.window_started_at, c.opened_at, c.retry_at,
        (SELECT count(*) FROM steps st
         WHERE st.org_id = c.org_id AND st.status = 'parked' AND st.wait_kind = 'circuit'
           AND st.error ->> 'circuit' = c.key) AS parked
-FROM circuits c WHERE c.org_id = %(org_id)s ORDER BY c.key;
+FROM circuits c WHERE c.org_id = (SELECT %(org_id)s::text) ORDER BY c.key;
 
 -- name: open_everywhere
 -- Circuits not closed, in every organisation (doctor).

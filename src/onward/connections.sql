@@ -16,7 +16,7 @@ RETURNING connection_id;
 -- One connection. ``updated_at`` says which state of it a caller read (mark_broken's seen_at).
 SELECT connection_id, provider, base_url, account, secret, status, broken_reason,
        signing_secret, updated_at
-FROM connections WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;
+FROM connections WHERE org_id = (SELECT %(org_id)s::text) AND connection_id = %(connection_id)s;
 
 -- name: mark_broken
 -- The provider refused the credentials: mark broken and write the customer's notification with
@@ -27,7 +27,7 @@ FROM connections WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
 WITH b AS (
     UPDATE connections SET status = 'broken', broken_reason = %(reason)s, broken_at = now(),
                            updated_at = now()
-    WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s AND status = 'ok'
+    WHERE org_id = (SELECT %(org_id)s::text) AND connection_id = %(connection_id)s AND status = 'ok'
       AND (%(seen_at)s::timestamptz IS NULL OR updated_at = %(seen_at)s::timestamptz)
     RETURNING org_id, connection_id, provider, account
 ),
@@ -46,7 +46,7 @@ SELECT notification_id, subject FROM noted;
 -- (lock_for_park), so resume_parked, a later statement with a later snapshot, sees every step
 -- parked before it.
 UPDATE connections SET status = 'ok', broken_reason = NULL, updated_at = now()
-WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND connection_id = %(connection_id)s
 RETURNING org_id, connection_id;
 
 -- name: resume_parked
@@ -59,7 +59,7 @@ WITH to_ready AS (
            NULL::jsonb AS error, 'step_resumed' AS event, NULL::text AS worker,
            jsonb_build_object('by', 'reconnect', 'connection_id', %(connection_id)s::text) AS detail
     FROM steps st
-    WHERE st.org_id = %(org_id)s AND st.status = 'parked' AND st.wait_kind = 'reconnect'
+    WHERE st.org_id = (SELECT %(org_id)s::text) AND st.status = 'parked' AND st.wait_kind = 'reconnect'
       AND st.error ->> 'connection' = %(connection_id)s
 ),
 {{make_ready}},
@@ -76,13 +76,13 @@ SELECT run_id, seq FROM ready;
 -- under a share lock. A restore that committed first is seen (the step goes on instead of
 -- parking); a restore that comes later waits for the park to commit, then resumes it.
 SELECT status FROM connections
-WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND connection_id = %(connection_id)s
 FOR SHARE;
 
 -- name: mark_checked
 -- A health probe answered.
 UPDATE connections SET checked_at = now()
-WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND connection_id = %(connection_id)s
 RETURNING connection_id;
 
 -- name: suppress
@@ -96,7 +96,7 @@ RETURNING contact;
 -- Why a contact must not be contacted on a channel, if they must not: listed in clear text, or
 -- by its pseudonym (an erased contact, onward.pseudonyms).
 SELECT reason, created_at, contact LIKE 'hmac-sha256:%%' AS pseudonymous FROM suppressions
-WHERE org_id = %(org_id)s AND contact IN (lower(%(contact)s), %(pseudonym)s)
+WHERE org_id = (SELECT %(org_id)s::text) AND contact IN (lower(%(contact)s), %(pseudonym)s)
   AND channel = %(channel)s
 ORDER BY pseudonymous
 LIMIT 1;
@@ -106,7 +106,7 @@ LIMIT 1;
 -- on email and on every channel it was suppressed on; no address is left in the list.
 WITH gone AS (
     DELETE FROM suppressions
-    WHERE org_id = %(org_id)s AND contact = ANY(%(contacts)s::text[])
+    WHERE org_id = (SELECT %(org_id)s::text) AND contact = ANY(%(contacts)s::text[])
     RETURNING channel
 ),
 channels AS (
@@ -133,4 +133,4 @@ FOR UPDATE;
 -- name: update_secrets
 -- Store a connection's secrets re-encrypted under the current key (no other column changes).
 UPDATE connections SET secret = %(secret)s, signing_secret = %(signing_secret)s
-WHERE org_id = %(org_id)s AND connection_id = %(connection_id)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND connection_id = %(connection_id)s;

@@ -25,7 +25,7 @@
 -- NULL and not cancelled: the effect exists already; read it (read) and decide.
 WITH run AS (
     SELECT cancel_requested_at IS NOT NULL AS cancelled FROM runs
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
     FOR KEY SHARE
 ),
 ins AS (
@@ -51,7 +51,7 @@ SELECT (SELECT owner_token FROM ins) AS owner_token,
 SELECT effect_key, status, owner_token, attempts, first_attempt_at, last_attempt_at, result,
        last_error, lease_until, retry_approved_by, coalesce(lease_until > now(), false) AS lease_live,
        greatest(0, extract(epoch FROM lease_until - now()))::float8 AS lease_left_s
-FROM effects WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s;
+FROM effects WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s;
 
 -- name: lapse
 -- An in_flight effect whose lease expired: a call began and nobody recorded its end, so the
@@ -59,7 +59,7 @@ FROM effects WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s;
 WITH up AS (
     UPDATE effects SET status = 'outcome_unknown',
                        last_error = coalesce(last_error, '{}'::jsonb) || '{"lapsed": true}'::jsonb
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s
       AND status = (SELECT 'in_flight'::text) AND lease_until < now()
     RETURNING run_id, seq, owner_token, lease_until
 ),
@@ -80,7 +80,7 @@ SELECT owner_token FROM up;
 -- outcome_unknown (reconciled, never called again, never claimed undone).
 WITH run AS (
     SELECT cancel_requested_at IS NOT NULL AS cancelled FROM runs
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
     FOR KEY SHARE
 ),
 up AS (
@@ -88,7 +88,7 @@ up AS (
     SET status = 'in_flight', owner_token = owner_token + 1, attempts = attempts + 1,
         lease_until = now() + make_interval(secs => %(lease)s), last_attempt_at = now(),
         retry_approved_by = NULL
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s
       AND status = (SELECT 'outcome_unknown'::text)
       AND NOT EXISTS (SELECT 1 FROM run WHERE cancelled)
     RETURNING run_id, seq, owner_token
@@ -105,7 +105,7 @@ SELECT (SELECT owner_token FROM up) AS owner_token,
 -- name: heartbeat
 -- Extend the effect lease while the call runs, only while this token owns it.
 UPDATE effects SET lease_until = now() + make_interval(secs => %(lease)s)
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s
   AND owner_token = %(token)s AND status = (SELECT 'in_flight'::text)
 RETURNING lease_until;
 
@@ -116,7 +116,7 @@ RETURNING lease_until;
 WITH up AS (
     UPDATE effects
     SET status = 'settled', result = %(result)s, settled_at = now(), lease_until = NULL
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status <> 'settled'
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s AND status <> 'settled'
     RETURNING run_id, seq, owner_token, result
 ),
 hist AS (
@@ -132,7 +132,7 @@ SELECT result FROM up;
 WITH up AS (
     UPDATE effects
     SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s
       AND owner_token = %(token)s AND status = (SELECT 'in_flight'::text)
     RETURNING run_id, seq, owner_token
 ),
@@ -149,7 +149,7 @@ SELECT owner_token FROM up;
 -- so the claim is withdrawn and the next attempt starts clean.
 WITH gone AS (
     DELETE FROM effects
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s
       AND owner_token = %(token)s AND status = (SELECT 'in_flight'::text) AND attempts = 1
     RETURNING effect_key, run_id, seq, owner_token
 ),
@@ -166,7 +166,7 @@ SELECT effect_key FROM gone;
 -- As forget_attempt, for an effect that had earlier uncertain attempts: it stays unknown.
 WITH up AS (
     UPDATE effects SET status = 'outcome_unknown', lease_until = NULL, last_error = %(error)s
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s
       AND owner_token = %(token)s AND status = (SELECT 'in_flight'::text)
     RETURNING run_id, seq, owner_token
 ),
@@ -184,7 +184,7 @@ SELECT owner_token FROM up;
 WITH up AS (
     UPDATE effects SET status = 'review', lease_until = NULL,
                        last_error = coalesce(%(error)s, last_error)
-    WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s
       AND status = (SELECT 'outcome_unknown'::text)
     RETURNING run_id, seq, owner_token, first_attempt_at, attempts, last_error
 ),
@@ -204,7 +204,7 @@ SELECT first_attempt_at, attempts, last_error FROM up;
 -- resolution and a late result (settle) are ordered.
 SELECT effect_key, provider, attempts, first_attempt_at, last_attempt_at, last_error
 FROM effects
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'review'
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s AND status = 'review'
 ORDER BY effect_key
 FOR UPDATE;
 
@@ -213,7 +213,7 @@ FOR UPDATE;
 -- provider's reference). Every later attempt returns it without calling the provider.
 UPDATE effects
 SET status = 'settled', result = %(result)s, settled_at = now(), lease_until = NULL
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
+WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
 RETURNING effect_key, result;
 
 -- name: resolve_retry
@@ -221,13 +221,13 @@ RETURNING effect_key, result;
 -- deduplicate it: they checked that the call did not happen, or accept a repeat).
 UPDATE effects
 SET status = 'outcome_unknown', retry_approved_by = %(by)s, lease_until = NULL
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
+WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
 RETURNING effect_key;
 
 -- name: resolve_skip
 -- A person lets the run go on without this effect: it is never called again.
 UPDATE effects SET status = 'skipped', lease_until = NULL
-WHERE org_id = %(org_id)s AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
+WHERE org_id = (SELECT %(org_id)s::text) AND effect_key = %(effect_key)s AND status = (SELECT 'review'::text)
 RETURNING effect_key;
 
 -- name: unsettled_of_step
@@ -236,7 +236,7 @@ RETURNING effect_key;
 -- Read by the run (effects_by_run): the statuses are a value the planner does not see, so it
 -- never reads the organisation's every unsettled effect through effects_unsettled.
 SELECT effect_key, status FROM effects
-WHERE org_id = %(org_id)s
+WHERE org_id = (SELECT %(org_id)s::text)
   AND status = ANY ((SELECT ARRAY['in_flight', 'outcome_unknown'])::text[])
   AND run_id = %(run_id)s AND seq = %(seq)s
 LIMIT 1;

@@ -6,31 +6,31 @@
 -- Every transition of one run, in order. claimed_at: on a row that ends an attempt, when it
 -- was claimed.
 SELECT event_id, at, event, seq, step_id, attempt, worker, claimed_at, detail
-FROM history WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+FROM history WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 ORDER BY event_id;
 
 -- name: run_summary
 -- The run row shown above its timeline.
 SELECT run_id, automation_id, version, start_key, start_key_kind, status, status_reason,
        input, ctx, current_seq, steps_executed, max_steps, deadline_at, created_at, finished_at
-FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
+FROM runs WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s;
 
 -- name: run_status
 -- One run's status (polled by Engine.wait).
-SELECT status FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
+SELECT status FROM runs WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s;
 
 -- name: steps_of_run
 -- The step rows of one run.
 SELECT seq, step_id, kind, lane, iteration, status, attempt, owner, claimed_at, lease_until,
        available_at, wait_kind, output, error, created_at, finished_at
-FROM steps WHERE org_id = %(org_id)s AND run_id = %(run_id)s ORDER BY seq;
+FROM steps WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s ORDER BY seq;
 
 -- name: list_runs
 -- Newest runs first, optionally filtered by status and automation.
 SELECT run_id, automation_id, version, status, status_reason, steps_executed, created_at,
        finished_at
 FROM runs
-WHERE org_id = %(org_id)s
+WHERE org_id = (SELECT %(org_id)s::text)
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(automation_id)s::text IS NULL OR automation_id = %(automation_id)s)
 ORDER BY created_at DESC

@@ -11,21 +11,21 @@ RETURNING secret_id, created_at;
 -- Every secret of an automation's webhook endpoint, oldest first (with the secret itself).
 SELECT secret_id, secret, created_at
 FROM hook_secrets
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
 ORDER BY created_at, secret_id;
 
 -- name: list_secrets
 -- The organisation's webhook secrets without the secret itself (ids and when made).
 SELECT automation_id, secret_id, created_at
 FROM hook_secrets
-WHERE org_id = %(org_id)s
+WHERE org_id = (SELECT %(org_id)s::text)
   AND (%(automation_id)s::text IS NULL OR automation_id = %(automation_id)s)
 ORDER BY automation_id, created_at, secret_id;
 
 -- name: remove_secret
 -- Remove one secret: requests signed with it are refused from now on.
 DELETE FROM hook_secrets
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND secret_id = %(secret_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s AND secret_id = %(secret_id)s
 RETURNING secret_id;
 
 -- name: count_request
@@ -37,7 +37,7 @@ WITH win AS (
 ),
 gone AS (
     DELETE FROM intake_windows
-    WHERE org_id = %(org_id)s
+    WHERE org_id = (SELECT %(org_id)s::text)
       AND window_start < (SELECT start FROM win) - make_interval(secs => %(window_s)s)
 )
 INSERT INTO intake_windows AS w (org_id, window_start, requests)
@@ -57,4 +57,4 @@ LIMIT %(limit)s;
 -- name: update_secret
 -- onward keys rotate-secrets: the same secret, encrypted under the current key.
 UPDATE hook_secrets SET secret = %(secret)s
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND secret_id = %(secret_id)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s AND secret_id = %(secret_id)s;

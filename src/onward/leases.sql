@@ -40,7 +40,7 @@ FROM claimed c JOIN runs r ON r.org_id = c.org_id AND r.run_id = c.run_id;
 -- transaction writes is written by the step's current holder or not at all (a budget
 -- reservation: budgets.reserve).
 SELECT true AS held FROM steps
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
   AND attempt = %(attempt)s AND status = 'running'
 FOR SHARE;
 
@@ -203,7 +203,7 @@ WITH w AS (
     UPDATE steps
     SET status = 'waiting', wait_kind = %(wait_kind)s, signals = %(signals)s::text[],
         owner = NULL, lease_until = NULL, wake = NULL, updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
       AND attempt = %(attempt)s AND status = 'running'
     RETURNING org_id, run_id, seq, step_id, lane, claimed_at
 ),
@@ -275,7 +275,7 @@ WITH s AS (
     SET status = %(step_status)s, owner = NULL, lease_until = NULL, error = %(error)s,
         wait_kind = %(wait_kind)s, updated_at = now(),
         finished_at = CASE WHEN %(step_status)s IN ('failed', 'cancelled', 'skipped') THEN now() END
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
       AND attempt = %(attempt)s AND status = 'running'
     RETURNING org_id, run_id, seq, step_id, claimed_at
 ),
@@ -310,7 +310,7 @@ WITH s AS (
     SET status = 'cancelled', owner = NULL, lease_until = NULL, finished_at = now(),
         updated_at = now()
     FROM runs r
-    WHERE st.org_id = %(org_id)s AND st.run_id = %(run_id)s AND st.seq = %(seq)s
+    WHERE st.org_id = (SELECT %(org_id)s::text) AND st.run_id = %(run_id)s AND st.seq = %(seq)s
       AND st.attempt = %(attempt)s AND st.status = 'running'
       AND r.org_id = st.org_id AND r.run_id = st.run_id
       AND r.cancel_requested_at IS NOT NULL AND r.finished_at IS NULL

@@ -6,7 +6,7 @@
 -- name: of_keys
 -- The limits set for these keys (none: nothing to enforce, nothing to lock).
 SELECT key, max_concurrent, calls, per_seconds FROM limits
-WHERE org_id = %(org_id)s AND key = ANY (%(keys)s::text[])
+WHERE org_id = (SELECT %(org_id)s::text) AND key = ANY (%(keys)s::text[])
 ORDER BY key;
 
 -- name: lock_key
@@ -23,7 +23,7 @@ SELECT pg_advisory_xact_lock(hashtextextended('onward.limit:' || %(org_id)s || '
 -- whenever its statistics call that index nearly empty (tests/integration/test_batch_plans.py).
 WITH gone AS (
     DELETE FROM limit_slots ls
-    WHERE ls.org_id = %(org_id)s AND ls.key = %(key)s
+    WHERE ls.org_id = (SELECT %(org_id)s::text) AND ls.key = %(key)s
       AND NOT EXISTS (
           SELECT 1 FROM steps s
           WHERE s.org_id = ls.org_id AND s.run_id = ls.run_id AND s.seq = ls.seq
@@ -33,7 +33,7 @@ WITH gone AS (
 live AS (
     SELECT count(*) AS n FROM limit_slots ls
     JOIN steps s ON s.org_id = ls.org_id AND s.run_id = ls.run_id AND s.seq = ls.seq
-    WHERE ls.org_id = %(org_id)s AND ls.key = %(key)s
+    WHERE ls.org_id = (SELECT %(org_id)s::text) AND ls.key = %(key)s
       AND NOT (ls.run_id = %(run_id)s AND ls.seq = %(seq)s)
       AND s.status = (SELECT 'running'::text) AND s.attempt = ls.attempt
       AND s.lease_until > now()
@@ -52,7 +52,7 @@ SELECT EXISTS (SELECT 1 FROM ins) AS taken, (SELECT n FROM live) AS in_use;
 -- This step's booked instant under a rate, if it has one (it was held back before).
 SELECT slot_at, extract(epoch FROM slot_at - clock_timestamp())::float8 AS wait_s
 FROM limit_bookings
-WHERE org_id = %(org_id)s AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s;
 
 -- name: use_booking
 -- The step's booked instant came: it goes if no call went less than an interval ago (a booked
@@ -60,20 +60,20 @@ WHERE org_id = %(org_id)s AND key = %(key)s AND run_id = %(run_id)s AND seq = %(
 -- otherwise how long until it may.
 WITH went AS (
     UPDATE limits SET last_at = clock_timestamp()
-    WHERE org_id = %(org_id)s AND key = %(key)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s
       AND coalesce(last_at, '-infinity') + make_interval(secs => per_seconds / calls)
           <= clock_timestamp() + make_interval(secs => %(slack)s)
     RETURNING 1
 ),
 used AS (
     DELETE FROM limit_bookings
-    WHERE org_id = %(org_id)s AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s AND run_id = %(run_id)s AND seq = %(seq)s
       AND EXISTS (SELECT 1 FROM went)
 )
 SELECT EXISTS (SELECT 1 FROM went) AS went,
        extract(epoch FROM last_at + make_interval(secs => per_seconds / calls)
                           - clock_timestamp())::float8 AS wait_s
-FROM limits WHERE org_id = %(org_id)s AND key = %(key)s;
+FROM limits WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s;
 
 -- name: take_call
 -- The rate's next instant (by the database's clock): now if the rate allows a call now, else
@@ -86,7 +86,7 @@ SET next_at = greatest(coalesce(next_at, clock_timestamp()), clock_timestamp())
     last_at = CASE WHEN coalesce(next_at, '-infinity')
                         <= clock_timestamp() + make_interval(secs => %(slack)s)
                    THEN clock_timestamp() ELSE last_at END
-WHERE org_id = %(org_id)s AND key = %(key)s AND calls IS NOT NULL
+WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s AND calls IS NOT NULL
 RETURNING next_at - make_interval(secs => per_seconds / calls) AS slot_at,
           extract(epoch FROM next_at - make_interval(secs => per_seconds / calls)
                          - clock_timestamp())::float8 AS wait_s;
@@ -100,7 +100,7 @@ ON CONFLICT (org_id, key, run_id, seq) DO UPDATE SET slot_at = EXCLUDED.slot_at;
 -- name: release_slots
 -- The call is over: give its slots back at once (a lapsed lease would free them later).
 DELETE FROM limit_slots
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s AND attempt = %(attempt)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s AND attempt = %(attempt)s;
 
 -- name: set_limit
 -- Set (or replace) a key's limits; NULLs remove that part.
@@ -113,7 +113,7 @@ RETURNING key, max_concurrent, calls, per_seconds;
 
 -- name: remove_limit
 -- No limits for this key any more.
-DELETE FROM limits WHERE org_id = %(org_id)s AND key = %(key)s RETURNING key;
+DELETE FROM limits WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s RETURNING key;
 
 -- name: list
 -- Every key's limits, with the slots in use now (the status compared as in take_slot).
@@ -122,4 +122,4 @@ SELECT l.key, l.max_concurrent, l.calls, l.per_seconds,
         JOIN steps s ON s.org_id = ls.org_id AND s.run_id = ls.run_id AND s.seq = ls.seq
         WHERE ls.org_id = l.org_id AND ls.key = l.key AND s.status = (SELECT 'running'::text)
           AND s.attempt = ls.attempt AND s.lease_until > now()) AS in_use
-FROM limits l WHERE l.org_id = %(org_id)s ORDER BY l.key;
+FROM limits l WHERE l.org_id = (SELECT %(org_id)s::text) ORDER BY l.key;

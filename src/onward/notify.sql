@@ -30,7 +30,7 @@ SELECT d.*, (SELECT count(*) FROM backlog) AS backlog FROM d;
 SELECT destination_id, kind, url, connection_id, target, secret IS NOT NULL AS signed,
        created_at, updated_at
 FROM notification_destinations
-WHERE org_id = %(org_id)s
+WHERE org_id = (SELECT %(org_id)s::text)
 ORDER BY destination_id;
 
 -- name: remove_destination
@@ -38,7 +38,7 @@ ORDER BY destination_id;
 -- those intents belonged to (`complete` then decides whether they are now delivered).
 WITH d AS (
     DELETE FROM notification_destinations
-    WHERE org_id = %(org_id)s AND destination_id = %(destination_id)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND destination_id = %(destination_id)s
     RETURNING org_id, destination_id
 ),
 gone AS (
@@ -81,7 +81,7 @@ RETURNING x.org_id, x.notification_id, x.destination_id, x.attempts,
 -- Settling an intent first locks its notification, so two destinations of one notification
 -- settling at once see each other's outcome (whoever comes second writes delivered_at).
 SELECT notification_id FROM notifications
-WHERE org_id = %(org_id)s AND notification_id = ANY(%(notification_ids)s)
+WHERE org_id = (SELECT %(org_id)s::text) AND notification_id = ANY(%(notification_ids)s)
 ORDER BY notification_id
 FOR UPDATE;
 
@@ -91,14 +91,14 @@ FOR UPDATE;
 UPDATE notification_deliveries
 SET status = 'delivered', delivered_at = now(), claimed_by = NULL,
     last_status = %(http_status)s, last_error = NULL
-WHERE org_id = %(org_id)s AND notification_id = %(notification_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND notification_id = %(notification_id)s
   AND destination_id = %(destination_id)s AND attempts = %(attempt)s AND status = 'pending'
 RETURNING notification_id;
 
 -- name: complete
 -- Notifications whose every intent is delivered (at least one) become delivered.
 UPDATE notifications n SET delivered_at = now()
-WHERE n.org_id = %(org_id)s AND n.notification_id = ANY(%(notification_ids)s)
+WHERE n.org_id = (SELECT %(org_id)s::text) AND n.notification_id = ANY(%(notification_ids)s)
   AND n.delivered_at IS NULL
   AND EXISTS (SELECT 1 FROM notification_deliveries x
               WHERE x.org_id = n.org_id AND x.notification_id = n.notification_id)
@@ -115,7 +115,7 @@ SET status = CASE WHEN attempts - retried_after >= %(max_attempts)s THEN 'failed
                   ELSE 'pending' END,
     next_attempt_at = now() + make_interval(secs => %(delay)s), claimed_by = NULL,
     last_status = %(http_status)s, last_error = %(error)s
-WHERE org_id = %(org_id)s AND notification_id = %(notification_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND notification_id = %(notification_id)s
   AND destination_id = %(destination_id)s AND attempts = %(attempt)s AND status = 'pending'
 RETURNING status, next_attempt_at;
 
@@ -125,7 +125,7 @@ RETURNING status, next_attempt_at;
 -- of attempts.
 UPDATE notification_deliveries
 SET status = 'pending', next_attempt_at = now(), retried_after = attempts
-WHERE org_id = %(org_id)s
+WHERE org_id = (SELECT %(org_id)s::text)
   AND (%(notification_id)s::bigint IS NULL OR notification_id = %(notification_id)s::bigint)
   AND (status = 'failed'
        OR (status = 'pending' AND (claimed_by IS NULL OR next_attempt_at <= now())))
@@ -134,7 +134,7 @@ RETURNING notification_id, destination_id;
 -- name: exists
 -- Is there such a notification in the organisation?
 SELECT 1 AS found FROM notifications
-WHERE org_id = %(org_id)s AND notification_id = %(notification_id)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND notification_id = %(notification_id)s;
 
 -- name: list
 -- The organisation's notifications, newest first, each with its deliveries.
@@ -148,7 +148,7 @@ SELECT n.notification_id, n.kind, n.subject, n.body, n.created_at, n.delivered_a
                  WHERE x.org_id = n.org_id AND x.notification_id = n.notification_id),
                 '[]'::jsonb) AS deliveries
 FROM notifications n
-WHERE n.org_id = %(org_id)s AND (NOT %(undelivered)s OR n.delivered_at IS NULL)
+WHERE n.org_id = (SELECT %(org_id)s::text) AND (NOT %(undelivered)s OR n.delivered_at IS NULL)
 ORDER BY n.notification_id DESC
 LIMIT %(limit)s;
 
@@ -192,4 +192,4 @@ FOR UPDATE;
 -- name: update_secret
 -- Store a destination's secret re-encrypted under the current key (nothing else changes).
 UPDATE notification_destinations SET secret = %(secret)s
-WHERE org_id = %(org_id)s AND destination_id = %(destination_id)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND destination_id = %(destination_id)s;

@@ -14,7 +14,7 @@ RETURNING *;
 -- whose first driver was only slow) take turns on this lock and each reads the cursor after
 -- taking it, so no run is handled by two batches.
 SELECT * FROM operations
-WHERE org_id = %(org_id)s AND operation_id = %(operation_id)s AND status = 'running'
+WHERE org_id = (SELECT %(org_id)s::text) AND operation_id = %(operation_id)s AND status = 'running'
 FOR UPDATE;
 
 -- name: progress
@@ -35,27 +35,27 @@ SET after_run_id = %(after_run_id)s, done = done + %(n)s,
     status = CASE WHEN %(finished)s THEN 'done' ELSE status END,
     finished_at = CASE WHEN %(finished)s THEN now() END,
     lease_until = now() + make_interval(secs => %(lease)s), updated_at = now()
-WHERE org_id = %(org_id)s AND operation_id = %(operation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND operation_id = %(operation_id)s
 RETURNING *;
 
 -- name: fail
 -- The batch function refused the operation (its parameters no longer hold).
 UPDATE operations SET status = 'failed', error = %(error)s, finished_at = now(), updated_at = now()
-WHERE org_id = %(org_id)s AND operation_id = %(operation_id)s AND status = 'running'
+WHERE org_id = (SELECT %(org_id)s::text) AND operation_id = %(operation_id)s AND status = 'running'
 RETURNING *;
 
 -- name: get
 -- One operation.
-SELECT * FROM operations WHERE org_id = %(org_id)s AND operation_id = %(operation_id)s;
+SELECT * FROM operations WHERE org_id = (SELECT %(org_id)s::text) AND operation_id = %(operation_id)s;
 
 -- name: list
 -- The newest operations first.
-SELECT * FROM operations WHERE org_id = %(org_id)s ORDER BY created_at DESC LIMIT %(limit)s;
+SELECT * FROM operations WHERE org_id = (SELECT %(org_id)s::text) ORDER BY created_at DESC LIMIT %(limit)s;
 
 -- name: stale
 -- Running operations whose driver stopped renewing the lease (it died): resume them.
 SELECT org_id, operation_id, kind FROM operations
-WHERE org_id = %(org_id)s AND status = 'running' AND lease_until < now()
+WHERE org_id = (SELECT %(org_id)s::text) AND status = 'running' AND lease_until < now()
 ORDER BY lease_until LIMIT %(limit)s;
 
 -- name: stale_orgs

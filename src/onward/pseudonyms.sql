@@ -4,7 +4,7 @@
 
 -- name: read_key
 -- The organisation's pseudonym key, if it has one.
-SELECT secret FROM engine_secrets WHERE org_id = %(org_id)s AND name = %(name)s;
+SELECT secret FROM engine_secrets WHERE org_id = (SELECT %(org_id)s::text) AND name = %(name)s;
 
 -- name: make_key
 -- Make the organisation's key (the first process to ask stores it; a concurrent maker's row

@@ -13,7 +13,7 @@ RETURNING retention_days;
 -- default; never under one day), the cutoff it gives, and its oldest finished run (the first
 -- entry of runs_finished).
 WITH o AS (
-    SELECT (SELECT retention_days FROM organisations WHERE org_id = %(org_id)s) AS own
+    SELECT (SELECT retention_days FROM organisations WHERE org_id = (SELECT %(org_id)s::text)) AS own
 ), e AS (
     SELECT own, coalesce(own, %(default_days)s::float8) AS days FROM o
 )
@@ -22,14 +22,14 @@ SELECT e.own, e.days,
             THEN coalesce(%(now)s::timestamptz, now()) - greatest(e.days, 1) * interval '1 day'
        END AS cutoff,
        (SELECT min(finished_at) FROM runs
-        WHERE org_id = %(org_id)s AND finished_at IS NOT NULL) AS oldest_finished_at,
+        WHERE org_id = (SELECT %(org_id)s::text) AND finished_at IS NOT NULL) AS oldest_finished_at,
        coalesce(%(now)s::timestamptz, now()) AS at
 FROM e;
 
 -- name: count_due
 -- How many finished runs of the organisation are past the cutoff (a range of runs_finished).
 SELECT count(*) AS due FROM runs
-WHERE org_id = %(org_id)s AND finished_at IS NOT NULL AND finished_at < %(cutoff)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND finished_at IS NOT NULL AND finished_at < %(cutoff)s;
 
 -- name: due_orgs
 -- The next page of organisations (by org_id, after the cursor) with a finished run past their
@@ -55,7 +55,7 @@ LIMIT %(limit)s;
 -- LOCKED: a run someone holds (a cancel answering "already finished", a second pruner during a
 -- leader handover) is left to the next batch; nobody waits on the pruner for it.
 SELECT run_id FROM runs
-WHERE org_id = %(org_id)s AND finished_at IS NOT NULL AND finished_at < %(cutoff)s
+WHERE org_id = (SELECT %(org_id)s::text) AND finished_at IS NOT NULL AND finished_at < %(cutoff)s
 ORDER BY finished_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -67,46 +67,46 @@ FOR UPDATE SKIP LOCKED;
 -- keys of the run (its effects' and its steps'). Unsent outbox wakes naming the runs go too
 -- (outbox_unsent); sent ones are the relay's to prune. Answers the rows deleted per table.
 WITH eff AS (
-    DELETE FROM effects WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM effects WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING effect_key
 ), keys AS (
     SELECT effect_key FROM eff
     UNION
     SELECT run_id || '/' || step_id || '/' || iteration FROM steps
-    WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
 ), charges AS (
     DELETE FROM budget_charges
-    WHERE org_id = %(org_id)s AND effect_key IN (SELECT effect_key FROM keys) RETURNING 1
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key IN (SELECT effect_key FROM keys) RETURNING 1
 ), reservations AS (
     DELETE FROM budget_reservations
-    WHERE org_id = %(org_id)s AND effect_key IN (SELECT effect_key FROM keys) RETURNING 1
+    WHERE org_id = (SELECT %(org_id)s::text) AND effect_key IN (SELECT effect_key FROM keys) RETURNING 1
 ), hist AS (
-    DELETE FROM history_log WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM history_log WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), st AS (
-    DELETE FROM steps WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM steps WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), tm AS (
-    DELETE FROM timers WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM timers WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), ap AS (
-    DELETE FROM approvals WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM approvals WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), sg AS (
-    DELETE FROM signals WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM signals WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), co AS (
-    DELETE FROM correlations WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM correlations WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), slots AS (
-    DELETE FROM limit_slots WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM limit_slots WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), bookings AS (
-    DELETE FROM limit_bookings WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    DELETE FROM limit_bookings WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), wakes AS (
     DELETE FROM outbox
-    WHERE sent_at IS NULL AND org_id = %(org_id)s
+    WHERE sent_at IS NULL AND org_id = (SELECT %(org_id)s::text)
       AND payload ->> 'run_id' = ANY (%(run_ids)s::text[])
     RETURNING 1
 ), gone AS (
@@ -114,7 +114,7 @@ WITH eff AS (
     -- literal `IS NOT NULL` let its generic plan read the organisation's every finished run
     -- through runs_finished and filter on the batch (tests/integration/test_batch_plans.py)
     DELETE FROM runs
-    WHERE org_id = %(org_id)s AND run_id = ANY (%(run_ids)s::text[])
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = ANY (%(run_ids)s::text[])
       AND finished_at IS DISTINCT FROM (SELECT NULL::timestamptz)
     RETURNING 1
 )

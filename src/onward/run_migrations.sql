@@ -6,7 +6,7 @@
 -- name: versions
 -- The two versions of a migration: their documents and budgets.
 SELECT version, document, max_steps, max_age_s FROM automation_versions
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
   AND version = ANY(%(versions)s::int[]);
 
 -- name: current_steps
@@ -16,7 +16,7 @@ SELECT DISTINCT s.step_id
 FROM runs r
 JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id
             AND s.status IN ('ready', 'running', 'waiting', 'parked')
-WHERE r.org_id = %(org_id)s AND r.automation_id = %(automation_id)s
+WHERE r.org_id = (SELECT %(org_id)s::text) AND r.automation_id = %(automation_id)s
   AND r.version = %(version)s AND r.finished_at IS NULL;
 
 -- name: outputs
@@ -24,7 +24,7 @@ WHERE r.org_id = %(org_id)s AND r.automation_id = %(automation_id)s
 -- its version's expressions read (policy.outputs_read); the version it moves to may read
 -- others. Served by steps_pkey.
 SELECT DISTINCT ON (step_id) step_id, output FROM steps
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND status IN ('done', 'skipped')
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND status IN ('done', 'skipped')
 ORDER BY step_id, seq DESC;
 
 -- name: page
@@ -46,7 +46,7 @@ LEFT JOIN LATERAL (
 ) s ON true
 LEFT JOIN effects e ON e.org_id = r.org_id
                    AND e.effect_key = r.run_id || '/' || s.step_id || '/' || s.iteration
-WHERE r.org_id = %(org_id)s AND r.automation_id = %(automation_id)s
+WHERE r.org_id = (SELECT %(org_id)s::text) AND r.automation_id = %(automation_id)s
   AND r.version = %(version)s AND r.finished_at IS NULL AND r.run_id > %(after)s
 ORDER BY r.run_id
 LIMIT %(limit)s;
@@ -59,7 +59,7 @@ SELECT s.seq, s.step_id, s.kind, s.lane, s.status AS step_status, s.wait_kind, s
 FROM steps s
 LEFT JOIN effects e ON e.org_id = s.org_id
                    AND e.effect_key = s.run_id || '/' || s.step_id || '/' || s.iteration
-WHERE s.org_id = %(org_id)s AND s.run_id = %(run_id)s
+WHERE s.org_id = (SELECT %(org_id)s::text) AND s.run_id = %(run_id)s
   AND s.status IN ('ready', 'running', 'waiting', 'parked')
 FOR UPDATE OF s;
 
@@ -67,7 +67,7 @@ FOR UPDATE OF s;
 -- The run row, locked after its step: its version now, whether it finished, what a move
 -- rewrites.
 SELECT run_id, automation_id, version, status, finished_at, ctx, visits, current_seq
-FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+FROM runs WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 FOR UPDATE;
 
 -- name: move_step
@@ -76,7 +76,7 @@ FOR UPDATE;
 -- iteration stay.
 UPDATE steps
 SET step_id = %(step_id)s, kind = %(kind)s, lane = %(lane)s, version = %(to)s, updated_at = now()
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
   AND status IN ('ready', 'waiting', 'parked');
 
 -- name: move_run
@@ -90,7 +90,7 @@ WITH run AS (
         ctx = %(ctx)s, visits = %(visits)s, current_seq = %(current_seq)s,
         status = %(status)s, updated_at = now(),
         status_reason = CASE WHEN %(status)s = 'active' THEN NULL ELSE r.status_reason END
-    WHERE r.org_id = %(org_id)s AND r.run_id = %(run_id)s AND r.version = %(from)s
+    WHERE r.org_id = (SELECT %(org_id)s::text) AND r.run_id = %(run_id)s AND r.version = %(from)s
       AND r.finished_at IS NULL
     RETURNING r.org_id, r.run_id
 )
@@ -107,7 +107,7 @@ WITH to_ready AS (
            NULL::jsonb AS error, 'step_ready' AS event, %(worker)s::text AS worker,
            %(detail)s::jsonb AS detail
     FROM steps st
-    WHERE st.org_id = %(org_id)s AND st.run_id = %(run_id)s AND st.seq = %(seq)s
+    WHERE st.org_id = (SELECT %(org_id)s::text) AND st.run_id = %(run_id)s AND st.seq = %(seq)s
 ),
 {{make_ready}}
 SELECT count(*) AS announced FROM ready;
@@ -136,7 +136,7 @@ WITH s AS (
     UPDATE steps
     SET status = 'parked', wait_kind = 'migration', owner = NULL, lease_until = NULL,
         error = %(error)s, updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
       AND status IN ('ready', 'waiting', 'parked')
     RETURNING org_id, run_id, seq, step_id
 ),
@@ -161,7 +161,7 @@ WITH s AS (
     UPDATE steps
     SET status = 'skipped', owner = NULL, lease_until = NULL, wait_kind = NULL,
         finished_at = now(), updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND seq = %(seq)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
       AND status IN ('ready', 'waiting', 'parked')
     RETURNING org_id, run_id, seq, step_id
 )

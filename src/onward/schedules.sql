@@ -11,7 +11,7 @@ SELECT now() AS now;
 SELECT schedule_id, rule, zone, start_at, end_at, jitter_s, next_instant, next_fire_at,
        buffered_instant, error
 FROM schedules
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
 ORDER BY schedule_id
 FOR UPDATE;
 
@@ -27,7 +27,7 @@ WITH incoming AS (
 ),
 removed AS (
     DELETE FROM schedules s
-    WHERE s.org_id = %(org_id)s AND s.automation_id = %(automation_id)s
+    WHERE s.org_id = (SELECT %(org_id)s::text) AND s.automation_id = %(automation_id)s
       AND s.schedule_id NOT IN (SELECT schedule_id FROM incoming)
     RETURNING s.schedule_id
 ),
@@ -99,7 +99,7 @@ SET next_instant = %(next_instant)s, next_fire_at = %(next_fire_at)s,
     last_run_id = coalesce(%(last_run_id)s, last_run_id),
     fired_count = fired_count + %(fired)s, skipped_count = skipped_count + %(skipped)s,
     error = %(error)s, updated_at = now()
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
   AND schedule_id = %(schedule_id)s;
 
 -- name: lock_one
@@ -111,7 +111,7 @@ SELECT s.org_id, s.automation_id, s.schedule_id, s.rule, s.zone, s.start_at, s.e
        (r.run_id IS NOT NULL AND r.finished_at IS NULL) AS busy, now() AS now
 FROM schedules s
 LEFT JOIN runs r ON r.org_id = s.org_id AND r.run_id = s.last_run_id
-WHERE s.org_id = %(org_id)s AND s.automation_id = %(automation_id)s
+WHERE s.org_id = (SELECT %(org_id)s::text) AND s.automation_id = %(automation_id)s
   AND s.schedule_id = %(schedule_id)s
 FOR UPDATE OF s;
 
@@ -119,7 +119,7 @@ FOR UPDATE OF s;
 -- A paused schedule fires nothing (the sweep's claim skips it); pausing twice keeps the first
 -- paused_at.
 UPDATE schedules SET paused = true, paused_at = coalesce(paused_at, now()), updated_at = now()
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
   AND schedule_id = %(schedule_id)s
 RETURNING schedule_id;
 
@@ -129,7 +129,7 @@ RETURNING schedule_id;
 UPDATE schedules
 SET paused = false, paused_at = NULL, next_instant = %(next_instant)s,
     next_fire_at = %(next_fire_at)s, error = %(error)s, updated_at = now()
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
   AND schedule_id = %(schedule_id)s AND paused;
 
 -- name: record_trigger
@@ -139,7 +139,7 @@ SET last_outcome = %(outcome)s, last_run_id = coalesce(%(run_id)s, last_run_id),
     last_fired_at = CASE WHEN %(fired)s > 0 THEN now() ELSE last_fired_at END,
     fired_count = fired_count + %(fired)s, skipped_count = skipped_count + %(skipped)s,
     updated_at = now()
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
   AND schedule_id = %(schedule_id)s;
 
 -- name: list
@@ -152,7 +152,7 @@ SELECT s.automation_id, s.schedule_id, s.version, s.rule, s.zone, s.start_at, s.
        s.created_at, s.updated_at
 FROM schedules s
 LEFT JOIN runs r ON r.org_id = s.org_id AND r.run_id = s.last_run_id
-WHERE s.org_id = %(org_id)s
+WHERE s.org_id = (SELECT %(org_id)s::text)
   AND (%(automation_id)s::text IS NULL OR s.automation_id = %(automation_id)s::text)
   AND (%(schedule_id)s::text IS NULL OR s.schedule_id = %(schedule_id)s::text)
 ORDER BY s.automation_id, s.schedule_id

@@ -5,7 +5,7 @@
 
 -- name: route
 -- The run a correlation key leads to (recorded when the answered thing was created).
-SELECT run_id, seq, step_id FROM correlations WHERE org_id = %(org_id)s AND key = %(key)s;
+SELECT run_id, seq, step_id FROM correlations WHERE org_id = (SELECT %(org_id)s::text) AND key = %(key)s;
 
 -- name: correlate
 -- Record a correlation key for a run's step (idempotent), and adopt the signals that came
@@ -17,7 +17,7 @@ WITH c AS (
     RETURNING run_id
 )
 UPDATE signals s SET run_id = %(run_id)s
-WHERE s.org_id = %(org_id)s AND s.correlation_key = %(key)s AND s.run_id IS NULL
+WHERE s.org_id = (SELECT %(org_id)s::text) AND s.correlation_key = %(key)s AND s.run_id IS NULL
   AND s.status = 'pending'
 RETURNING s.signal_id;
 
@@ -39,7 +39,7 @@ RETURNING s.signal_id, s.name, s.run_id, s.status, s.reason, s.seq, s.deliveries
 -- snapshot sees what the other did. Answers the run (none: no such run).
 SELECT pg_advisory_xact_lock(hashtextextended('onward.run:' || %(org_id)s || '/' || %(run_id)s, 0)),
        status, finished_at IS NOT NULL AS finished
-FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
+FROM runs WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s;
 
 -- name: lock_deadline
 -- Lock the deadline timer of the run's step that waits on signals, if it has not fired. A
@@ -49,7 +49,7 @@ FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
 -- let it read the organisation's every pending timer through timers_due (here and in consume).
 SELECT t.timer_id FROM timers t
 JOIN steps st ON st.org_id = t.org_id AND st.run_id = t.run_id AND st.seq = t.seq
-WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s AND t.purpose = 'deadline'
+WHERE t.org_id = (SELECT %(org_id)s::text) AND t.run_id = %(run_id)s AND t.purpose = 'deadline'
   AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz) AND st.status = 'waiting'
   AND st.wait_kind = 'signal'
 FOR UPDATE OF t;
@@ -60,7 +60,7 @@ FOR UPDATE OF t;
 -- as lost (fired_by 'signal'), the run active, one history row -- one statement.
 WITH st AS (
     SELECT org_id, run_id, seq, step_id, signals FROM steps
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s AND status = 'waiting'
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND status = 'waiting'
       AND wait_kind = 'signal'
     FOR UPDATE
 ),
@@ -69,7 +69,7 @@ sig AS (
     -- whole index hashed against the step when its statistics call it nearly empty)
     SELECT s.signal_id, s.name, s.payload, st.seq FROM signals s
     JOIN st ON s.org_id = st.org_id AND s.run_id = st.run_id
-    WHERE s.org_id = %(org_id)s AND s.run_id = %(run_id)s
+    WHERE s.org_id = (SELECT %(org_id)s::text) AND s.run_id = %(run_id)s
       AND s.status = 'pending' AND s.name = ANY (st.signals)
     ORDER BY s.received_at, s.signal_id
     LIMIT 1
@@ -78,13 +78,13 @@ sig AS (
 c AS (
     UPDATE signals s SET status = 'consumed', consumed_at = now(), seq = sig.seq
     FROM sig
-    WHERE s.org_id = %(org_id)s AND s.signal_id = sig.signal_id
+    WHERE s.org_id = (SELECT %(org_id)s::text) AND s.signal_id = sig.signal_id
     RETURNING s.signal_id, s.name, s.payload, s.seq, s.received_at
 ),
 deadline AS (
     UPDATE timers t SET fired_at = now(), fired_by = 'signal'
     FROM c
-    WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s AND t.seq = c.seq
+    WHERE t.org_id = (SELECT %(org_id)s::text) AND t.run_id = %(run_id)s AND t.seq = c.seq
       AND t.purpose = 'deadline' AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
     RETURNING t.timer_id
 ),
@@ -115,11 +115,11 @@ FROM c JOIN ready ON true;
 -- step waits on it now. Either way its run's history says so. Otherwise it stays pending.
 WITH r AS (
     SELECT status, finished_at IS NOT NULL AS finished FROM runs
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 ),
 lost_to AS (
     SELECT t.timer_id, t.seq FROM timers t
-    WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s AND t.purpose = 'deadline'
+    WHERE t.org_id = (SELECT %(org_id)s::text) AND t.run_id = %(run_id)s AND t.purpose = 'deadline'
       AND t.fired_by IN ('wake', 'sweep') AND t.intent -> 'signals' ? %(name)s
       AND NOT EXISTS (
           SELECT 1 FROM steps st
@@ -142,7 +142,7 @@ u AS (
     FROM verdict v
     -- by its key: a literal 'pending' would let the planner read the organisation's every
     -- pending signal through signals_pending (tests/integration/test_batch_plans.py)
-    WHERE s.org_id = %(org_id)s AND s.signal_id = %(signal_id)s
+    WHERE s.org_id = (SELECT %(org_id)s::text) AND s.signal_id = %(signal_id)s
       AND s.status = (SELECT 'pending'::text) AND v.status IS NOT NULL
     RETURNING s.signal_id, s.run_id, s.status, s.reason, s.name
 ),
@@ -158,7 +158,7 @@ SELECT status, reason FROM u;
 -- One signal as stored.
 SELECT signal_id, name, correlation_key, run_id, status, reason, seq, deliveries, payload,
        received_at, consumed_at
-FROM signals WHERE org_id = %(org_id)s AND signal_id = %(signal_id)s;
+FROM signals WHERE org_id = (SELECT %(org_id)s::text) AND signal_id = %(signal_id)s;
 
 -- name: list
 -- A page of an organisation's signals, newest first, narrowed by run, status or unrouted (a
@@ -167,7 +167,7 @@ SELECT signal_id, name, correlation_key, run_id,
        CASE WHEN run_id IS NULL AND status = 'pending' THEN 'unrouted' ELSE status END AS status,
        reason, seq, deliveries, received_at, consumed_at
 FROM signals
-WHERE org_id = %(org_id)s
+WHERE org_id = (SELECT %(org_id)s::text)
   AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND (NOT %(unrouted)s OR (run_id IS NULL AND status = 'pending'))

@@ -13,7 +13,7 @@ WITH v AS (
     JOIN automation_versions av
       ON av.org_id = a.org_id AND av.automation_id = a.automation_id
      AND av.version = coalesce(%(version)s::int, a.latest_version)
-    WHERE a.org_id = %(org_id)s AND a.automation_id = %(automation_id)s
+    WHERE a.org_id = (SELECT %(org_id)s::text) AND a.automation_id = %(automation_id)s
 ),
 org AS (
     INSERT INTO organisations (org_id) VALUES (%(org_id)s) ON CONFLICT (org_id) DO NOTHING
@@ -106,7 +106,7 @@ v AS (
            av.max_age_s
     FROM item
     LEFT JOIN automations a
-      ON a.org_id = %(org_id)s AND a.automation_id = item.automation_id
+      ON a.org_id = (SELECT %(org_id)s::text) AND a.automation_id = item.automation_id
     LEFT JOIN automation_versions av
       ON av.org_id = a.org_id AND av.automation_id = a.automation_id
      AND av.version = coalesce(item.asked, a.latest_version)
@@ -115,11 +115,11 @@ earlier AS (
     -- the runs of these start keys that this statement's snapshot sees: one probe of
     -- runs_org_id_start_key_key per key (LIMIT keeps the planner from scanning the whole
     -- organisation's runs for a hash join when its statistics are stale). The organisation is
-    -- a value the planner does not see, `(SELECT ...)`, here and in every probe by start key
-    -- below: as a constant, an organisation the statistics do not know yet (a new tenant)
-    -- reads as one row, and any index that leads with org_id ties with the key's own -- the
-    -- bench's live run read runs_pkey and filtered on the key, every run of the organisation
-    -- for each key (tests/integration/test_batch_plans.py)
+    -- a value the planner does not see, `(SELECT ...)`, as in every statement: as a constant,
+    -- an organisation the statistics do not know yet (a new tenant) reads as one row, and any
+    -- index that leads with org_id ties with the key's own -- the bench's live run read
+    -- runs_pkey and filtered on the key, every run of the organisation for each key
+    -- (tests/integration/test_batch_plans.py, tests/contracts/test_code.py)
     SELECT k.start_key, r.run_id
     FROM (SELECT DISTINCT start_key FROM item) k
     CROSS JOIN LATERAL (
@@ -227,11 +227,11 @@ SELECT start_key, run_id FROM r;
 -- version.
 WITH v AS (
     SELECT version, max_steps, max_age_s FROM automation_versions
-    WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND version = %(version)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s AND version = %(version)s
 ),
 old AS (
     SELECT org_id, run_id, input, contact_id FROM runs
-    WHERE org_id = %(org_id)s AND run_id = %(from_run_id)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(from_run_id)s
 ),
 run AS (
     INSERT INTO runs (org_id, run_id, automation_id, version, start_key, start_key_kind, status,
@@ -250,7 +250,7 @@ copied AS (
     SELECT s.org_id, run.run_id, s.seq, s.step_id, s.kind, s.lane, s.iteration, s.status,
            s.attempt, s.output, s.vars, s.created_at, s.finished_at
     FROM steps s JOIN run ON run.org_id = s.org_id
-    WHERE s.org_id = %(org_id)s AND s.run_id = %(from_run_id)s AND s.seq < %(seq)s
+    WHERE s.org_id = (SELECT %(org_id)s::text) AND s.run_id = %(from_run_id)s AND s.seq < %(seq)s
       AND s.status IN ('done', 'skipped')
 ),
 started AS (

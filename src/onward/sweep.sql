@@ -82,7 +82,7 @@ CROSS JOIN LATERAL (
 WITH run AS (
     UPDATE runs SET status = 'exceeded', status_reason = %(reason)s, finished_at = now(),
                     updated_at = now()
-    WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+    WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
       AND status = ANY ((SELECT ARRAY['waiting', 'parked'])::text[])
     RETURNING org_id, run_id
 ),

@@ -115,7 +115,7 @@ SELECT t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.wake_n, t.intent
 FROM timers t
 JOIN runs r ON r.org_id = t.org_id AND r.run_id = t.run_id
 JOIN steps s ON s.org_id = t.org_id AND s.run_id = t.run_id AND s.seq = t.seq
-WHERE t.org_id = %(org_id)s AND t.fired_at IS NULL AND t.intent ? 'rule'
+WHERE t.org_id = (SELECT %(org_id)s::text) AND t.fired_at IS NULL AND t.intent ? 'rule'
   AND t.timer_id > %(after)s
   AND (%(run_id)s::text IS NULL OR t.run_id = %(run_id)s)
   AND (%(contact_id)s::text IS NULL OR r.contact_id = %(contact_id)s)
@@ -184,7 +184,7 @@ SELECT t.org_id, t.timer_id, t.run_id, t.seq, t.due_at, t.wake_n, t.intent, t.pu
        now() AS db_now
 FROM timers t
 JOIN steps s ON s.org_id = t.org_id AND s.run_id = t.run_id AND s.seq = t.seq
-WHERE t.org_id = %(org_id)s AND t.run_id = %(run_id)s
+WHERE t.org_id = (SELECT %(org_id)s::text) AND t.run_id = %(run_id)s
   AND t.fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
   AND s.status = 'waiting'
 ORDER BY t.timer_id;
@@ -197,7 +197,7 @@ SELECT now() AS now;
 -- Lock a run's unfired timers before its step (the order a fire takes them: timer, then step),
 -- so closing them with the step cannot deadlock with a fire.
 SELECT timer_id FROM timers
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
   AND fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz)
 ORDER BY timer_id
 FOR UPDATE;
@@ -205,5 +205,5 @@ FOR UPDATE;
 -- name: close_for_run
 -- The run ended while its timers were pending (cancelled): they fire nothing, now or later.
 UPDATE timers SET fired_at = now(), fired_by = %(fired_by)s
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
   AND fired_at IS NOT DISTINCT FROM (SELECT NULL::timestamptz);

@@ -24,7 +24,7 @@ FOR UPDATE;
 -- name: update_engine_secret
 -- Store an engine secret re-encrypted under the current key.
 UPDATE engine_secrets SET secret = %(secret)s
-WHERE org_id = %(org_id)s AND name = %(name)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND name = %(name)s;
 
 -- name: not_current
 -- How many stored secrets (every encrypted column) are not under the current key: plain

@@ -141,3 +141,19 @@ def test_every_key_and_index_leads_with_org_id_but_the_declared_ones() -> None:
         "keys and indexes lead with org_id; declare a deliberate exception in "
         "CROSS_ORG_INDEXES and in the README's Architecture section"
     )
+
+
+def test_no_statement_compares_org_id_with_the_bare_parameter() -> None:
+    # `org_id = (SELECT %(org_id)s::text)`: the planner estimates an average organisation, as a
+    # generic plan does. With the constant, an organisation the last ANALYZE did not see (a
+    # new tenant) reads as one row, every index that leads with org_id ties, and a lookup by
+    # key may read all of the organisation's rows (tests/integration/test_batch_plans.py)
+    bare = re.compile(r"\borg_id = %\(org_id\)s")
+    found = [
+        f"{p.relative_to(SRC)}:{n}"
+        for p in sorted(SRC.rglob("*.sql"))
+        if p.parent.name != "migrations" and p.name not in ("fragments.sql", "schema.sql")
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if bare.search(line)
+    ]
+    assert found == [], f"compare with (SELECT %(org_id)s::text) in: {found}"

@@ -437,3 +437,37 @@ def test_a_start_finds_earlier_runs_by_start_key_in_an_organisation_the_statisti
         probes = [s for s in _scans(_plan(sql, statement, params)) if s[1].startswith("runs")]
         assert probes, name
         assert all(index == "runs_org_id_start_key_key" for _, index, _ in probes), (name, probes)
+
+
+def test_a_run_is_read_by_its_key_in_an_organisation_the_statistics_miss(
+    sql: psycopg.Connection,
+) -> None:
+    # the same tie for a run's own key: compared with the constant, `org_id = 'newco' AND
+    # run_id = ...` read runs_page_by_automation -- run_id its fourth column -- from the
+    # organisation's first entry to its last (EXPLAIN on this state, 2026-12-07)
+    from onward.cancel import Q as cancel_q
+
+    _new_organisation(sql)
+    scans = _scans(_plan(sql, cancel_q.lock_run, {"org_id": "newco", "run_id": "run_17"}))
+    assert scans == [("Index Scan", "runs_pkey", scans[0][2])], scans
+
+
+def test_a_runs_timers_are_read_by_the_run_in_an_organisation_the_statistics_miss(
+    sql: psycopg.Connection,
+) -> None:
+    # every table: a cancel locks the run's pending timers by the run (timers_by_step); compared
+    # with the constant, a new organisation's read timers_pkey and filtered all of its timers
+    sql.execute(
+        "INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at) "
+        "SELECT 'acme', 'run_' || lpad(g::text, 12, '0'), 1, 'wait', '{}', now() "
+        "FROM generate_series(1, 50000) g"
+    )
+    sql.execute("ANALYZE timers")
+    sql.execute(
+        "INSERT INTO timers (org_id, run_id, seq, purpose, intent, due_at) "
+        "SELECT 'newco', 'run_' || lpad(g::text, 12, '0'), 1, 'wait', '{}', now() "
+        "FROM generate_series(1, 20000) g"
+    )
+    params = {"org_id": "newco", "run_id": "run_000000000017"}
+    scans = _scans(_plan(sql, timers_q.lock_pending_of_run, params))
+    assert [(s[1], "run_id" in s[2]) for s in scans] == [("timers_by_step", True)], scans

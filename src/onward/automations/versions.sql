@@ -11,7 +11,7 @@ RETURNING latest_version;
 SELECT v.version FROM automations a
 JOIN automation_versions v
   ON v.org_id = a.org_id AND v.automation_id = a.automation_id AND v.version = a.latest_version
-WHERE a.org_id = %(org_id)s AND a.automation_id = %(automation_id)s AND v.digest = %(digest)s;
+WHERE a.org_id = (SELECT %(org_id)s::text) AND a.automation_id = %(automation_id)s AND v.digest = %(digest)s;
 
 -- name: insert_version
 -- Versions are immutable: inserted once, never updated.
@@ -23,26 +23,26 @@ WITH v AS (
     RETURNING version
 )
 UPDATE automations SET latest_version = (SELECT version FROM v), updated_at = now()
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
 RETURNING latest_version;
 
 -- name: get_version
 -- One published version's document.
 SELECT version, digest, document, published_at FROM automation_versions
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND version = %(version)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s AND version = %(version)s;
 
 -- name: latest
 -- The newest published version of an automation.
 SELECT a.latest_version AS version, v.document
 FROM automations a
 JOIN automation_versions v USING (org_id, automation_id)
-WHERE a.org_id = %(org_id)s AND a.automation_id = %(automation_id)s
+WHERE a.org_id = (SELECT %(org_id)s::text) AND a.automation_id = %(automation_id)s
   AND v.version = a.latest_version;
 
 -- name: list_automations
 -- Every automation of an organisation with its latest version.
 SELECT automation_id, latest_version, updated_at FROM automations
-WHERE org_id = %(org_id)s AND latest_version > 0 ORDER BY automation_id;
+WHERE org_id = (SELECT %(org_id)s::text) AND latest_version > 0 ORDER BY automation_id;
 
 -- name: ensure_org
 -- Organisations are created on first use.

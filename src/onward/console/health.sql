@@ -10,7 +10,7 @@ FROM runs r
 LEFT JOIN steps s
        ON s.org_id = r.org_id AND s.run_id = r.run_id
       AND s.status IN ('ready', 'running', 'waiting', 'parked')
-WHERE r.org_id = %(org_id)s AND r.finished_at IS NULL
+WHERE r.org_id = (SELECT %(org_id)s::text) AND r.finished_at IS NULL
   AND r.updated_at < now() - make_interval(secs => %(settle)s)
   AND (s.seq IS NULL
        OR (s.status = 'waiting' AND NOT EXISTS (
@@ -25,7 +25,7 @@ LIMIT %(limit)s;
 SELECT count(*) AS overdue, min(due_at) AS oldest,
        coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8 AS oldest_age_s
 FROM timers
-WHERE org_id = %(org_id)s AND fired_at IS NULL
+WHERE org_id = (SELECT %(org_id)s::text) AND fired_at IS NULL
   AND due_at < now() - make_interval(secs => %(grace)s);
 
 -- name: outbox_lag
@@ -33,7 +33,7 @@ WHERE org_id = %(org_id)s AND fired_at IS NULL
 SELECT count(*) AS unsent,
        coalesce(extract(epoch FROM now() - min(deliver_at)), 0)::float8 AS oldest_age_s
 FROM outbox
-WHERE sent_at IS NULL AND deliver_at <= now() AND org_id = %(org_id)s;
+WHERE sent_at IS NULL AND deliver_at <= now() AND org_id = (SELECT %(org_id)s::text);
 
 -- name: unsettled_effects
 -- Effects claimed and not settled, by state, with the oldest first attempt (effects_unsettled
@@ -43,7 +43,7 @@ SELECT status, count(*) AS effects,
        coalesce(extract(epoch FROM now() - min(coalesce(first_attempt_at, created_at))), 0)::float8
            AS oldest_age_s
 FROM effects
-WHERE org_id = %(org_id)s AND status IN ('in_flight', 'outcome_unknown', 'review')
+WHERE org_id = (SELECT %(org_id)s::text) AND status IN ('in_flight', 'outcome_unknown', 'review')
 GROUP BY status ORDER BY status;
 
 -- name: lanes
@@ -57,7 +57,7 @@ SELECT lane,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'parked') AS parked
 FROM steps
-WHERE org_id = %(org_id)s AND status IN ('ready', 'running', 'parked')
+WHERE org_id = (SELECT %(org_id)s::text) AND status IN ('ready', 'running', 'parked')
 GROUP BY lane
 ORDER BY lane;
 
@@ -68,7 +68,7 @@ SELECT floor(extract(epoch FROM now() - fired_at) / 60)::int AS minutes_ago,
        max(extract(epoch FROM fired_at - due_at))::float8 AS worst_s,
        count(*) AS fired
 FROM timers
-WHERE org_id = %(org_id)s AND fired_at IS NOT NULL AND fired_at > now() - interval '1 hour'
+WHERE org_id = (SELECT %(org_id)s::text) AND fired_at IS NOT NULL AND fired_at > now() - interval '1 hour'
 GROUP BY 1;
 
 -- name: runs_by_minute
@@ -78,10 +78,10 @@ SELECT floor(extract(epoch FROM now() - at) / 60)::int AS minutes_ago,
        count(*) FILTER (WHERE what = 'finished') AS finished
 FROM (
     SELECT created_at AS at, 'started' AS what FROM runs
-    WHERE org_id = %(org_id)s AND created_at > now() - interval '1 hour'
+    WHERE org_id = (SELECT %(org_id)s::text) AND created_at > now() - interval '1 hour'
     UNION ALL
     SELECT finished_at, 'finished' FROM runs
-    WHERE org_id = %(org_id)s AND finished_at IS NOT NULL
+    WHERE org_id = (SELECT %(org_id)s::text) AND finished_at IS NOT NULL
       AND finished_at > now() - interval '1 hour'
 ) AS e
 GROUP BY 1;
@@ -91,10 +91,10 @@ GROUP BY 1;
 -- then (effects_recent for the hour's effects, effects_unsettled for older ones still open).
 WITH candidates AS (
     SELECT created_at, settled_at FROM effects
-    WHERE org_id = %(org_id)s AND created_at > now() - interval '1 hour'
+    WHERE org_id = (SELECT %(org_id)s::text) AND created_at > now() - interval '1 hour'
     UNION ALL
     SELECT created_at, settled_at FROM effects
-    WHERE org_id = %(org_id)s AND created_at <= now() - interval '1 hour'
+    WHERE org_id = (SELECT %(org_id)s::text) AND created_at <= now() - interval '1 hour'
       AND status IN ('in_flight', 'outcome_unknown')
 )
 SELECT m AS minutes_ago,
@@ -110,5 +110,5 @@ FROM generate_series(0, 59) AS m;
 SELECT floor(extract(epoch FROM now() - sent_at) / 60)::int AS minutes_ago,
        max(extract(epoch FROM sent_at - deliver_at))::float8 AS worst_s
 FROM outbox
-WHERE org_id = %(org_id)s AND sent_at > now() - interval '1 hour'
+WHERE org_id = (SELECT %(org_id)s::text) AND sent_at > now() - interval '1 hour'
 GROUP BY 1;

@@ -19,7 +19,7 @@ LEFT JOIN LATERAL (
       AND st.status IN ('ready', 'running', 'waiting', 'parked')
     LIMIT 1
 ) s ON true
-WHERE r.org_id = %(org_id)s
+WHERE r.org_id = (SELECT %(org_id)s::text)
   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
   AND (%(automation_id)s::text IS NULL OR r.automation_id = %(automation_id)s::text)
   AND (%(version)s::int IS NULL OR r.version = %(version)s::int)
@@ -47,7 +47,7 @@ LEFT JOIN LATERAL (
       AND st.status IN ('ready', 'running', 'waiting', 'parked')
     LIMIT 1
 ) s ON true
-WHERE r.org_id = %(org_id)s
+WHERE r.org_id = (SELECT %(org_id)s::text)
   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
   AND (%(automation_id)s::text IS NULL OR r.automation_id = %(automation_id)s::text)
   AND (%(version)s::int IS NULL OR r.version = %(version)s::int)
@@ -66,34 +66,34 @@ LIMIT %(limit)s;
 -- How many runs are active, waiting and parked now (runs_by_version, the partial index of
 -- unfinished runs with their status: its size is the work in progress, not the history).
 SELECT status, count(*) AS runs FROM runs
-WHERE org_id = %(org_id)s AND finished_at IS NULL
+WHERE org_id = (SELECT %(org_id)s::text) AND finished_at IS NULL
 GROUP BY status;
 
 -- name: run_more
 -- What the console shows of a run beyond its summary, with the database clock for "when".
 SELECT contact_id, cancel_requested_at, cancel_requested_by, forked_from, updated_at,
        now() AS db_now
-FROM runs WHERE org_id = %(org_id)s AND run_id = %(run_id)s;
+FROM runs WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s;
 
 -- name: effects_of_run
 -- Every outside effect of a run: its key (also the provider's idempotency key), state, attempts
 -- and what the provider answered.
 SELECT effect_key, seq, provider, status, attempts, owner_token, lease_until, first_attempt_at,
        last_attempt_at, settled_at, result, last_error, retry_approved_by, created_at
-FROM effects WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+FROM effects WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 ORDER BY created_at, effect_key;
 
 -- name: timers_of_run
 -- Every timer of a run: its intent (rule and zone, or a duration), the instant computed from it,
 -- and when (and by whom) it fired.
 SELECT timer_id, seq, purpose, intent, due_at, wake_n, fired_at, fired_by, created_at
-FROM timers WHERE org_id = %(org_id)s AND run_id = %(run_id)s
+FROM timers WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 ORDER BY timer_id;
 
 -- name: correlations_of_run
 -- The correlation keys that route signals to a run (e.g. the message id of an email it sent).
 SELECT key, seq, step_id, created_at FROM correlations
-WHERE org_id = %(org_id)s AND run_id = %(run_id)s ORDER BY created_at;
+WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s ORDER BY created_at;
 
 -- name: parked
 -- Parked runs, most recently parked first: the step, why, and since when.
@@ -101,7 +101,7 @@ SELECT r.run_id, r.automation_id, r.version, r.status_reason, r.contact_id, r.cr
        s.seq, s.step_id, s.kind, s.lane, s.wait_kind, s.error, s.updated_at AS parked_at
 FROM steps s
 JOIN runs r ON r.org_id = s.org_id AND r.run_id = s.run_id
-WHERE s.org_id = %(org_id)s AND s.status = 'parked'
+WHERE s.org_id = (SELECT %(org_id)s::text) AND s.status = 'parked'
   AND (%(wait_kind)s::text IS NULL OR s.wait_kind = %(wait_kind)s::text)
 ORDER BY s.updated_at DESC, r.run_id
 LIMIT %(limit)s;
@@ -109,25 +109,25 @@ LIMIT %(limit)s;
 -- name: in_review
 -- Effects waiting for a person (their runs are parked for review).
 SELECT effect_key, run_id, seq, provider, attempts, last_attempt_at, result, last_error
-FROM effects WHERE org_id = %(org_id)s AND status = 'review'
+FROM effects WHERE org_id = (SELECT %(org_id)s::text) AND status = 'review'
 ORDER BY run_id, seq, effect_key
 LIMIT %(limit)s;
 
 -- name: versions_of
 -- The published versions of one automation, newest first.
 SELECT version, digest, start_step_id, max_steps, max_age_s, published_at
-FROM automation_versions WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s
+FROM automation_versions WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
 ORDER BY version DESC;
 
 -- name: version_row
 -- One published version with its document as stored.
 SELECT version, digest, document, start_step_id, max_steps, max_age_s, published_at
 FROM automation_versions
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND version = %(version)s;
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s AND version = %(version)s;
 
 -- name: unfinished_by_version
 -- Unfinished runs of one automation per version and status (runs_by_version: the work in
 -- progress only; finished runs are counted by the list's filters, a page at a time).
 SELECT version, status, count(*) AS runs FROM runs
-WHERE org_id = %(org_id)s AND automation_id = %(automation_id)s AND finished_at IS NULL
+WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s AND finished_at IS NULL
 GROUP BY version, status ORDER BY version DESC, status;
