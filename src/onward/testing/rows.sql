@@ -7,7 +7,7 @@
 SELECT event_id, at, event, seq, step_id, attempt, worker, claimed_at, detail
 FROM history
 WHERE run_id = %(run_id)s
-  AND (%(org)s::text IS NULL OR org_id = %(org)s)
+  AND (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text))
   AND (cardinality(%(events)s::text[]) = 0 OR event = ANY(%(events)s::text[]))
   AND (%(seq)s::int IS NULL OR seq = %(seq)s::int)
 ORDER BY event_id;
@@ -21,12 +21,12 @@ SELECT seq, step_id, attempt, worker, claimed_at, ended FROM (
            CASE WHEN h.event = 'lease_expired' THEN h.detail->>'owner' ELSE h.worker END
                AS worker
     FROM history h
-    WHERE h.run_id = %(run_id)s AND (%(org)s::text IS NULL OR h.org_id = %(org)s)
+    WHERE h.run_id = %(run_id)s AND (%(org)s::text IS NULL OR h.org_id = (SELECT %(org)s::text))
       AND h.claimed_at IS NOT NULL
     UNION ALL
     SELECT s.seq, s.step_id, s.attempt, s.claimed_at, NULL, s.owner
     FROM steps s
-    WHERE s.run_id = %(run_id)s AND (%(org)s::text IS NULL OR s.org_id = %(org)s)
+    WHERE s.run_id = %(run_id)s AND (%(org)s::text IS NULL OR s.org_id = (SELECT %(org)s::text))
       AND s.status = 'running'
 ) a
 WHERE %(seq)s::int IS NULL OR seq = %(seq)s::int
@@ -37,43 +37,43 @@ ORDER BY claimed_at, seq, attempt;
 SELECT s.*, s.lease_until <= now() AS lapsed
 FROM steps s
 WHERE s.run_id = %(run_id)s AND s.seq = %(seq)s
-  AND (%(org)s::text IS NULL OR s.org_id = %(org)s);
+  AND (%(org)s::text IS NULL OR s.org_id = (SELECT %(org)s::text));
 
 -- name: steps
 -- A run's step rows, by position: only one step id's rows when given.
 SELECT * FROM steps
 WHERE run_id = %(run_id)s
-  AND (%(org)s::text IS NULL OR org_id = %(org)s)
+  AND (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text))
   AND (%(step_id)s::text IS NULL OR step_id = %(step_id)s::text)
 ORDER BY seq;
 
 -- name: run_row
 -- One run.
 SELECT * FROM runs
-WHERE run_id = %(run_id)s AND (%(org)s::text IS NULL OR org_id = %(org)s);
+WHERE run_id = %(run_id)s AND (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text));
 
 -- name: effect_row
 -- One effect, by its key.
 SELECT * FROM effects
-WHERE effect_key = %(key)s AND (%(org)s::text IS NULL OR org_id = %(org)s);
+WHERE effect_key = %(key)s AND (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text));
 
 -- name: run_effects
 -- A run's effects, by key.
 SELECT * FROM effects
-WHERE run_id = %(run_id)s AND (%(org)s::text IS NULL OR org_id = %(org)s)
+WHERE run_id = %(run_id)s AND (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text))
 ORDER BY effect_key;
 
 -- name: unfinished_runs
 -- Runs neither finished nor parked for a person.
 SELECT run_id FROM runs
-WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND status <> ALL(%(settled)s::text[]);
+WHERE (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text)) AND status <> ALL(%(settled)s::text[]);
 
 -- name: claim_or_wait_twice
 -- A claim (older rows), a done, a wait or a timer firing written twice for one attempt of
 -- one step.
 SELECT count(*) AS n FROM (
     SELECT org_id, run_id, seq, attempt, event FROM history
-    WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND run_id <> ALL(%(skip)s::text[])
+    WHERE (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text)) AND run_id <> ALL(%(skip)s::text[])
       AND event IN ('step_claimed', 'step_done', 'step_waiting', 'timer_fired')
     GROUP BY 1, 2, 3, 4, 5 HAVING count(*) > 1) x;
 
@@ -81,7 +81,7 @@ SELECT count(*) AS n FROM (
 -- A step done twice, whatever the attempts.
 SELECT count(*) AS n FROM (
     SELECT org_id, run_id, seq FROM history
-    WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND run_id <> ALL(%(skip)s::text[])
+    WHERE (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text)) AND run_id <> ALL(%(skip)s::text[])
       AND event = 'step_done'
     GROUP BY 1, 2, 3 HAVING count(*) > 1) x;
 
@@ -89,7 +89,7 @@ SELECT count(*) AS n FROM (
 -- A timer fired twice.
 SELECT count(*) AS n FROM (
     SELECT org_id, detail->>'timer_id' FROM history
-    WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND run_id <> ALL(%(skip)s::text[])
+    WHERE (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text)) AND run_id <> ALL(%(skip)s::text[])
       AND event = 'timer_fired'
     GROUP BY 1, 2 HAVING count(*) > 1) x;
 
@@ -98,7 +98,7 @@ SELECT count(*) AS n FROM (
 -- 0024, a run_completed row.
 SELECT count(*) AS n FROM (
     SELECT org_id, run_id FROM history
-    WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND run_id <> ALL(%(skip)s::text[])
+    WHERE (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text)) AND run_id <> ALL(%(skip)s::text[])
       AND (event = 'run_completed' OR detail->>'run' = 'completed')
     GROUP BY 1, 2 HAVING count(*) > 1) x;
 
@@ -108,7 +108,7 @@ SELECT count(*) AS n FROM (
 -- later attempt is a resume -- a circuit closed, a budget raised, a connection restored -- not
 -- a stale settle: only rows before the settle count.)
 SELECT count(*) AS n FROM history d
-WHERE (%(org)s::text IS NULL OR d.org_id = %(org)s) AND d.run_id <> ALL(%(skip)s::text[])
+WHERE (%(org)s::text IS NULL OR d.org_id = (SELECT %(org)s::text)) AND d.run_id <> ALL(%(skip)s::text[])
   AND d.event IN ('step_done', 'step_failed', 'step_parked', 'step_cancelled')
   AND EXISTS (SELECT 1 FROM history c
               WHERE c.org_id = d.org_id AND c.run_id = d.run_id AND c.seq = d.seq
@@ -121,5 +121,5 @@ WHERE (%(org)s::text IS NULL OR d.org_id = %(org)s) AND d.run_id <> ALL(%(skip)s
 -- Two step rows at one position of a run.
 SELECT count(*) AS n FROM (
     SELECT org_id, run_id, seq FROM steps
-    WHERE (%(org)s::text IS NULL OR org_id = %(org)s) AND run_id <> ALL(%(skip)s::text[])
+    WHERE (%(org)s::text IS NULL OR org_id = (SELECT %(org)s::text)) AND run_id <> ALL(%(skip)s::text[])
     GROUP BY 1, 2, 3 HAVING count(*) > 1) x;
