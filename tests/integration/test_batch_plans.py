@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -294,6 +295,24 @@ def _statements() -> list[tuple[str, str]]:
     return found
 
 
+def _keyed_statements(sql: psycopg.Connection, prefix: str) -> Iterator[tuple[str, str, list[str]]]:
+    """Each named statement that names a key (and is not ORG_WIDE), prepared with positional
+    parameters: (its name, the prepared statement's name, its parameters in order)."""
+    for i, (name, text) in enumerate(_statements()):
+        if not KEY_PARAMS & set(_PARAM.findall(text)) or name in ORG_WIDE:
+            continue
+        params: list[str] = []
+
+        def positional(m: re.Match[str], params: list[str] = params) -> str:
+            if m.group(1) not in params:
+                params.append(m.group(1))
+            return f"${params.index(m.group(1)) + 1}"
+
+        prepared = _PARAM.sub(positional, text).replace("%%", "%")
+        sql.execute(f"PREPARE {prefix}{i} AS {prepared}", prepare=False)
+        yield name, f"{prefix}{i}", params
+
+
 def test_no_statement_that_names_a_key_reads_a_whole_partial_index(
     sql: psycopg.Connection,
 ) -> None:
@@ -314,21 +333,10 @@ def test_no_statement_that_names_a_key_reads_a_whole_partial_index(
     }
     sql.execute("SET plan_cache_mode = force_generic_plan")
     problems, checked = [], 0
-    for name, text in _statements():
-        params: list[str] = []
-
-        def positional(m: re.Match[str], params: list[str] = params) -> str:
-            if m.group(1) not in params:
-                params.append(m.group(1))
-            return f"${params.index(m.group(1)) + 1}"
-
-        if not KEY_PARAMS & set(_PARAM.findall(text)) or name in ORG_WIDE:
-            continue
-        prepared = _PARAM.sub(positional, text).replace("%%", "%")
-        sql.execute(f"PREPARE audit{checked} AS {prepared}", prepare=False)
+    for name, statement, params in _keyed_statements(sql, "audit"):
         nulls = ", ".join(["NULL"] * len(params))
         row = sql.execute(
-            f"EXPLAIN (FORMAT JSON) EXECUTE audit{checked}({nulls})", prepare=False
+            f"EXPLAIN (FORMAT JSON) EXECUTE {statement}({nulls})", prepare=False
         ).fetchone()
         assert row is not None
         plan = next(iter(row.values()))[0]["Plan"]
@@ -509,20 +517,8 @@ def test_no_statement_reads_a_new_organisation_whole_to_find_a_key(
     _quiet_everything(sql)
     sql.execute("SET plan_cache_mode = force_custom_plan")
     problems, checked = [], 0
-    for name, text in _statements():
-        params: list[str] = []
-
-        def positional(m: re.Match[str], params: list[str] = params) -> str:
-            if m.group(1) not in params:
-                params.append(m.group(1))
-            return f"${params.index(m.group(1)) + 1}"
-
-        if not KEY_PARAMS & set(_PARAM.findall(text)) or name in ORG_WIDE:
-            continue
-        statement = f"custom{checked}"
+    for name, statement, params in _keyed_statements(sql, "custom"):
         checked += 1
-        prepared = _PARAM.sub(positional, text).replace("%%", "%")
-        sql.execute(f"PREPARE {statement} AS {prepared}", prepare=False)
         row = sql.execute(
             "SELECT parameter_types::text[] AS types FROM pg_prepared_statements WHERE name = %s",
             (statement,),
