@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import psycopg
@@ -222,9 +223,16 @@ async def test_recompute_with_unchanged_inputs_is_stable(
     assert {r: timer_of(sql, r) for r in run_ids} == before
     rule_change = await engine.recompute_timers(automation_id="stable", rule="10:00 on weekdays")
     assert rule_change.moved == 3
+    berlin = ZoneInfo("Europe/Berlin")
     for r in run_ids:
-        moved = timer_of(sql, r)
-        assert moved["due_at"] - before[r]["due_at"] == timedelta(hours=1)  # same spread offset
+        # the next 10:00 on a weekday with the same spread offset as its 09:00 had: an hour
+        # later on the same day, unless the test runs between 09:00 and 10:00 in Berlin (then
+        # the 09:00 was tomorrow's and the 10:00 is today's)
+        was = before[r]["due_at"].astimezone(berlin)
+        now = timer_of(sql, r)["due_at"].astimezone(berlin)
+        nine = was.replace(hour=9, minute=0, second=0, microsecond=0)
+        ten = now.replace(hour=10, minute=0, second=0, microsecond=0)
+        assert now.weekday() < 5 and now - ten == was - nine, (was, now)
 
 
 async def test_preview_and_recompute_over_http(engine: Engine, sql: psycopg.Connection) -> None:
