@@ -61,7 +61,8 @@ def _strip_comments(sql: str) -> str:
 
 @cache
 def load(package: str, filename: str) -> dict[str, str]:
-    """Return ``{name: sql}`` for every named query in ``package/filename``."""
+    """Return ``{name: sql}`` for every named query in ``package/filename``, as sent: its
+    comments removed (``compact``) behind one line that names it."""
     text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
     queries = _blocks(text, _HEADER, f"{package}/{filename}")
     if any(_INCLUDE.search(sql) for sql in queries.values()):
@@ -69,7 +70,51 @@ def load(package: str, filename: str) -> dict[str, str]:
         queries = {
             name: _INCLUDE.sub(lambda m: _fragment(shared, m), sql) for name, sql in queries.items()
         }
-    return queries
+    return {name: f"-- {filename}: {name}\n{compact(sql)}" for name, sql in queries.items()}
+
+
+def compact(sql: str) -> str:
+    """``sql`` without its comments, indentation and runs of blanks (nothing inside a quoted
+    literal or identifier is touched): what the database needs, and short enough for psycopg to keep its
+    parsed form. psycopg parses a statement's placeholders on every execution unless the text
+    is at most ``MAX_CACHED_STATEMENT_LENGTH`` (4,096) bytes; the grouped settle and the batch
+    start, 6.8 kB with their comments, were parsed again for every batch (issue 16). The files
+    keep the comments; ``pg_stat_activity`` shows each statement behind the line naming it."""
+    out: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in "'\"":  # a literal or a quoted identifier, as is ('' and "" escape themselves)
+            j = i + 1
+            while j < n:
+                if sql[j] == c:
+                    if j + 1 < n and sql[j + 1] == c:
+                        j += 2
+                        continue
+                    break
+                j += 1
+            if j >= n:
+                raise ValueError(f"unterminated quote in SQL: {sql[i : i + 40]!r}")
+            out.append(sql[i : j + 1])
+            i = j + 1
+        elif sql.startswith("--", i):
+            while i < n and sql[i] != "\n":
+                i += 1
+        elif c.isspace():  # one blank or line break; none after "(" or ",", none before ")" or ","
+            j = i
+            while j < n and sql[j].isspace():
+                j += 1
+            last = out[-1][-1:] if out else ""
+            newline = "\n" in sql[i:j]
+            if last == " " and newline and out[-1] == " ":  # the blank before a comment
+                out[-1] = "\n"
+            elif last not in ("", " ", "\n", "(", ",") and sql[j : j + 1] not in ("", ")", ","):
+                out.append("\n" if newline else " ")
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out).strip()
 
 
 def _fragment(shared: dict[str, str], m: re.Match[str]) -> str:
