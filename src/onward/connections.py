@@ -62,9 +62,11 @@ class Integrations:
         self.effects = effects or Effects(pool)
         # Outbound safety (onward.outbound): a client per allow-list, checking each address at
         # connect time. A client given here is used as it is, for every organisation.
+        # Each client is made when a request first needs it (``http_client``): making one
+        # builds a TLS context (tens of milliseconds), and most processes that open an engine
+        # -- a CLI command, the API, a starter -- never send a request.
         self.outbound = outbound.Clients(timeout=timeout)
         self._given_client = client
-        self.client = client or self.outbound.client()  # the engine's allow-list only
         self.timeout = timeout
         self.notify = notify
         self.token_secret: str | None = None  # signs approval tokens (Settings.signing_secret)
@@ -83,8 +85,6 @@ class Integrations:
             max_response_bytes=max_response_bytes,
             max_seconds=max_seconds,
         )
-        if self._given_client is None:
-            self.client = self.outbound.client()
         self._retired.append(old)
 
     async def http_client(self, org_id: str) -> httpx.AsyncClient:
