@@ -57,6 +57,7 @@ from onward import ids
 from onward.automations.builder import Automation
 from onward.bench import median, percentile
 from onward.bench.ceiling import (
+    CpuSnap,
     cpu_delta,
     cpu_snapshot,
     db_counters,
@@ -450,27 +451,35 @@ def _loop_tier(url: str, kind: str, o: dict[str, Any], rep: int) -> dict[str, An
 # -- live: starts and drain at once ----------------------------------------------------------
 
 
-async def _live_starts(url: str, org: str, n: int, concurrency: int, pool: int) -> float:
+async def _live_starts(
+    url: str, org: str, n: int, concurrency: int, pool: int, go: Any
+) -> tuple[float, float, CpuSnap]:
+    """The starter's engine opened and its pool warm, as the workers' are, before the clock:
+    then ``go()`` (the workers begin) and the starts. Returns the clock's start, the starts'
+    seconds and the machine's CPU reading at the clock's start."""
     async with Engine.open(
         _settings(url, org), migrate=False, pool_size=pool, start_queue=False
     ) as engine:
         await warm_pool(engine.pool, pool)
         lat: list[float] = []
+        cpu0 = cpu_snapshot()
         t0 = time.perf_counter()
+        go()
         await _start_many(engine, n, concurrency, "l", lat)
-        return time.perf_counter() - t0
+        return t0, time.perf_counter() - t0, cpu0
 
 
 def _live(url: str, o: dict[str, Any], org: str = "live") -> dict[str, Any]:
     n = o["runs"]
     _vacuum_analyze(url)  # as before the drain: no dead rows of the phases before on its clock
     children = _spawn_workers(url, org, o)
-    try:
-        cpu0 = cpu_snapshot()
-        t0 = time.perf_counter()
+
+    def go() -> None:
         for c in children:
             c.send("go")
-        start_s = asyncio.run(_live_starts(url, org, n, o["starters"], o["conns"]))
+
+    try:
+        t0, start_s, cpu0 = asyncio.run(_live_starts(url, org, n, o["starters"], o["conns"], go))
         with polling(url) as poll:
             _wait_finished(poll, org, timeout=120 + n * 0.05)
         elapsed = time.perf_counter() - t0
