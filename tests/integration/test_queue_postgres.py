@@ -121,11 +121,33 @@ async def listening(
 async def test_publish_then_consume_delivers(
     admin: Admin, queue: PostgresQueue, consume: Consume
 ) -> None:
-    got, _ = await listening(consume, admin, queue)
-    await queue.publish([wake("w1"), wake("w2")])
+    got, _ = await listening(consume, admin, queue, "fast", "io")
+    await queue.publish([wake("w1"), wake("w2", lane="io")])
     assert (await got.until("w1")).payload == {"n": 1}
-    await got.until("w2")
+    assert (await got.until("w2")).lane == "io"
     assert not got.reconnected.is_set()
+
+
+async def test_the_step_wakes_of_a_lane_in_one_publish_are_one_notification(
+    admin: Admin, queue: PostgresQueue, consume: Consume
+) -> None:
+    """A step wake says only that its lane has ready work: 150 of them in one relay round woke
+    each worker 150 times. Timer wakes name their timer: each stays one. The first of a lane
+    is the one sent; the next publish wakes the lane again."""
+    got, _ = await listening(consume, admin, queue, "fast", "io")
+    timers = [
+        Wake(job_id=f"t{i}", topic="timer", lane="fast", org_id="org_1", payload={"timer_id": i})
+        for i in range(3)
+    ]
+    await queue.publish(
+        [wake("a1"), wake("a2"), timers[0], wake("b1", lane="io"), timers[1], wake("a3")]
+    )
+    async with await psycopg.AsyncConnection.connect(PG_URL) as conn:
+        await queue.publish_tx(conn, [wake("c1"), wake("c2"), timers[2], wake("c3")])
+        await conn.commit()
+    await queue.publish([wake("last")])  # sent after the others: its arrival means theirs did
+    await got.until("last")
+    assert [w.job_id for w in got.wakes] == ["a1", "t0", "b1", "t1", "c1", "t2", "last"]
 
 
 async def test_publish_tx_is_delivered_only_on_commit(

@@ -3,6 +3,12 @@
 One channel per lane (``<prefix>_wake_<lane>``). NOTIFY has no delayed delivery, so the relay
 keeps a delayed wake in the outbox until it is due (``supports_delay = False``).
 
+The step wakes of one lane in one publish are one notification (``_coalesced``): a step wake
+tells a listener only that its lane has ready work -- the worker claims whatever is ready, not
+the step the wake names -- so a relay round of 150 starts' wakes woke each worker 150 times
+for one claim's worth of news, and each notification cost the server a queue entry read by
+every listener and each worker a parse. Timer wakes name their timer and each stays one.
+
 The consumer holds one dedicated connection. When it drops, it reconnects with backoff and
 LISTENs again on every channel -- a LISTEN does not survive a reconnect, and forgetting to
 re-issue it is how other Postgres queues went silent -- and then calls ``on_reconnect`` so
@@ -38,6 +44,20 @@ log = logging.getLogger("onward.queue.postgres")
 
 def channel(prefix: str, lane: str) -> str:
     return f"{prefix}_wake_{lane}"
+
+
+def _coalesced(wakes: Sequence[Wake]) -> list[Wake]:
+    """The first step wake of each lane, and every other wake, in order (the module's
+    docstring says why)."""
+    lanes: set[str] = set()
+    out: list[Wake] = []
+    for w in wakes:
+        if w.topic == "step":
+            if w.lane in lanes:
+                continue
+            lanes.add(w.lane)
+        out.append(w)
+    return out
 
 
 def health_channel(prefix: str) -> str:
@@ -90,6 +110,7 @@ class PostgresQueue(Queue):
         await self._on_publisher(_NOTIFY, (Jsonb(list(zip(channels, payloads, strict=True))),))
 
     async def publish(self, wakes: Sequence[Wake]) -> None:
+        wakes = _coalesced(wakes)
         if not wakes:
             return
         await self._notify(
@@ -98,6 +119,7 @@ class PostgresQueue(Queue):
 
     async def publish_tx(self, conn: psycopg.AsyncConnection, wakes: Sequence[Wake]) -> None:
         """Publish inside the caller's transaction: delivered if and only if it commits."""
+        wakes = _coalesced(wakes)
         if wakes:
             await conn.execute(
                 _NOTIFY, (Jsonb([[channel(self.prefix, w.lane), w.to_json()] for w in wakes]),)
