@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import psycopg
 import pytest
 
-from onward import Automation
+from onward import Automation, StepContext, step_kind
 from onward.config import Settings
 from onward.engine import Engine
 from onward.queue.base import OnReconnect, OnWake, Wake
@@ -26,6 +26,14 @@ WAIT_FLOW = (
     .step("after", "set", values={"n": "vars.n + 1"})
     .build()
 )
+
+
+@step_kind("wakeups.nap", lane="fast", replace=True)
+async def _nap(step: StepContext) -> None:
+    await asyncio.sleep(float(step.input["ms"]) / 1000)
+
+
+NAP_FLOW = Automation("nap").step("nap", "wakeups.nap").build()
 
 
 async def _start_many(engine: Engine, n: int) -> list[str]:
@@ -176,3 +184,26 @@ async def test_doctor_finds_a_waiting_run_without_a_timer(
     checks = {c.name: c for c in await run_checks(engine)}
     assert not checks["runs_without_way_forward"].ok
     assert run_ids[0] in checks["runs_without_way_forward"].detail
+
+
+@pytest.mark.parametrize(("slots", "claims_at_most"), [(32, 3), (2, None)])
+async def test_a_chain_that_ends_claims_again_only_when_ready_steps_may_be_waiting(
+    settings: Settings, slots: int, claims_at_most: int | None
+) -> None:
+    """Eight one-step runs, ready before the worker starts, whose steps end 40 ms apart; no
+    poll in the test's time. With 32 slots the first claim takes all eight and asks for more
+    than there were: no chain's end claims again (each did before: nine claims or more). With
+    2 slots every claim is full, so each chain's end claims the next ready step -- the eight
+    finish with no poll and no further wake."""
+    settings = dataclasses.replace(settings, poll_seconds=60.0, sweep_seconds=60.0)
+    async with Engine.open(settings, migrate=False) as engine:
+        await engine.publish(NAP_FLOW)
+        run_ids = [
+            (await engine.start("nap", {"ms": 40 * i}, event_id=f"nap{i}")).run_id for i in range(8)
+        ]
+        async with engine.running(lanes={"fast": slots}) as svc:
+            await _all_completed(engine, run_ids, timeout=20)
+            assert svc.worker is not None
+            claims = svc.worker.stats.claims
+    if claims_at_most is not None:
+        assert claims <= claims_at_most, claims
