@@ -20,9 +20,8 @@ Each function is one statement (one round trip, one commit in autocommit mode); 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg.types.json import Jsonb
 
@@ -33,9 +32,11 @@ from onward.policy import NextStep
 Q = Queries(__package__, "leases.sql")
 
 
-@dataclass(frozen=True)
-class Token:
-    """Identifies one claim of one step: the fencing token is ``attempt``."""
+class Token(NamedTuple):
+    """Identifies one claim of one step: the fencing token is ``attempt``. A named tuple, as
+    the other values a step's settle makes (``AdvanceSettle``, ``policy.Proceed`` and
+    ``policy.NextStep``): each is made once or more a step, and a frozen dataclass took 1 us to
+    make where a named tuple takes 0.4."""
 
     org_id: str
     run_id: str
@@ -91,8 +92,7 @@ async def heartbeat(
     return {(r["org_id"], r["run_id"], r["seq"]) for r in await cur.fetchall()}
 
 
-@dataclass(frozen=True)
-class AdvanceSettle:
+class AdvanceSettle(NamedTuple):
     """One step's settle for ``settle_advance_many``: done (or skipped) and the next step."""
 
     token: Token

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from onward import jsoncodec
 from onward.automations.document import AutomationDoc, RetryPolicy, StepDef
@@ -51,8 +51,7 @@ WAIT_KINDS = ("timer", "signal", "approval")
 KIND_MISSING_DELAY_S = 30.0
 
 
-@dataclass(frozen=True)
-class NextStep:
+class NextStep(NamedTuple):
     """The step a run enters next: its id, kind, lane and iteration (nth entry, R4)."""
 
     step_id: str
@@ -61,8 +60,7 @@ class NextStep:
     iteration: int
 
 
-@dataclass(frozen=True)
-class Proceed:
+class Proceed(NamedTuple):
     """The step is done (or ``skipped`` on purpose); the run enters ``next_step`` or, when it is
     None, completes."""
 
