@@ -186,24 +186,28 @@ async def test_doctor_finds_a_waiting_run_without_a_timer(
     assert run_ids[0] in checks["runs_without_way_forward"].detail
 
 
-@pytest.mark.parametrize(("slots", "claims_at_most"), [(32, 3), (2, None)])
-async def test_a_chain_that_ends_claims_again_only_when_ready_steps_may_be_waiting(
-    settings: Settings, slots: int, claims_at_most: int | None
+@pytest.mark.parametrize(
+    ("slots", "poll", "claims"),
+    [(32, 60.0, range(1, 4)), (32, 0.0, range(9, 20)), (2, 60.0, range(4, 20))],
+)
+async def test_a_chain_that_ends_claims_again_when_ready_steps_may_be_waiting(
+    settings: Settings, slots: int, poll: float, claims: range
 ) -> None:
     """Eight one-step runs, ready before the worker starts, whose steps end 40 ms apart; no
-    poll in the test's time. With 32 slots the first claim takes all eight and asks for more
-    than there were: no chain's end claims again (each did before: nine claims or more). With
-    2 slots every claim is full, so each chain's end claims the next ready step -- the eight
-    finish with no poll and no further wake."""
+    poll and no sweep in the test's time. With 32 slots the first claim takes all eight and
+    asks for more than there were: no chain's end claims again unless the lane's own claim
+    poll (``claim_poll_seconds``) is due -- set out of the test's time, then to every time.
+    With 2 slots every claim is full, so each chain's end claims the next ready step: the
+    eight finish with no poll and no further wake."""
     settings = dataclasses.replace(settings, poll_seconds=60.0, sweep_seconds=60.0)
     async with Engine.open(settings, migrate=False) as engine:
         await engine.publish(NAP_FLOW)
         run_ids = [
-            (await engine.start("nap", {"ms": 40 * i}, event_id=f"nap{i}")).run_id for i in range(8)
+            (await engine.start("nap", {"ms": 40 * (i + 1)}, event_id=f"nap{i}")).run_id
+            for i in range(8)
         ]
         async with engine.running(lanes={"fast": slots}) as svc:
-            await _all_completed(engine, run_ids, timeout=20)
             assert svc.worker is not None
-            claims = svc.worker.stats.claims
-    if claims_at_most is not None:
-        assert claims <= claims_at_most, claims
+            svc.worker.claim_poll_seconds = poll  # before the worker's first turn
+            await _all_completed(engine, run_ids, timeout=20)
+            assert svc.worker.stats.claims in claims, svc.worker.stats.claims
