@@ -294,6 +294,7 @@ async def _until_waiting_on_a_lock(sql: psycopg.Connection, timeout: float = 20.
         "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
         "AND wait_event_type = 'Lock' AND query LIKE %s"
     )
-    while _count(sql, query, "%start_run for a batch%") == 0:
+    # the statement as sent begins with the line naming it (db/sql.py `load`)
+    while _count(sql, query, "-- start.sql: start_many%") == 0:
         assert loop.time() < deadline, "the batch never waited on the other transaction's row"
         await asyncio.sleep(0.02)
