@@ -142,8 +142,8 @@ class Worker:
         # every ``claim_poll_seconds``. New ready steps come with their own wake (their outbox
         # row, published by a relay's next round; the poll is the backstop), so a claim at
         # every chain's end mostly found the few steps started since: under live load, about
-        # 13 a claim and 800-900 claims for 10,000 runs. Not at all: 160-175 claims, live
-        # 9,900-10,260 steps/s, but a run started meanwhile waits for the relay's round (p50
+        # 13 a claim and 800-900 claims for 10,000 runs. Not at all: 158-175 claims, live
+        # 9,887-10,263 steps/s, but a run started meanwhile waits for the relay's round (p50
         # 60-74 ms from start to completion). Every 10 ms: 356-370 claims, 9,440-9,934 steps/s,
         # p50 35-36 ms, p99 71-78 ms (alternated runs of 2026-12-07; at every chain's end,
         # 8,400-9,000 steps/s, p50 26-31 ms).
@@ -248,7 +248,6 @@ class Worker:
         while not stop.is_set():
             self.kick[lane].clear()
             free = cap - self.running[lane]
-            claimed = 0
             if free <= 0:  # woken (or polled) with every slot busy: a slot freed claims
                 self.more[lane] = True
             else:
