@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -452,7 +453,7 @@ def _loop_tier(url: str, kind: str, o: dict[str, Any], rep: int) -> dict[str, An
 
 
 async def _live_starts(
-    url: str, org: str, n: int, concurrency: int, pool: int, go: Any
+    url: str, org: str, n: int, concurrency: int, pool: int, go: Callable[[], None]
 ) -> tuple[float, float, CpuSnap]:
     """The starter's engine opened and its pool warm, as the workers' are, before the clock:
     then ``go()`` (the workers begin) and the starts. Returns the clock's start, the starts'

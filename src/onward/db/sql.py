@@ -75,11 +75,12 @@ def load(package: str, filename: str) -> dict[str, str]:
 
 def compact(sql: str) -> str:
     """``sql`` without its comments, indentation and runs of blanks (nothing inside a quoted
-    literal or identifier is touched): what the database needs, and short enough for psycopg to keep its
-    parsed form. psycopg parses a statement's placeholders on every execution unless the text
-    is at most ``MAX_CACHED_STATEMENT_LENGTH`` (4,096) bytes; the grouped settle and the batch
-    start, 6.8 kB with their comments, were parsed again for every batch (issue 16). The files
-    keep the comments; ``pg_stat_activity`` shows each statement behind the line naming it."""
+    literal or identifier is touched): what the database needs, and short enough for psycopg
+    to keep its parsed form. psycopg parses a statement's placeholders on every execution
+    unless the text is at most ``MAX_CACHED_STATEMENT_LENGTH`` (4,096) bytes; the grouped
+    settle and the batch start, 6.8 kB with their comments, were parsed again for every batch
+    (issue 16). The files keep the comments; ``pg_stat_activity`` shows each statement behind
+    the line naming it."""
     out: list[str] = []
     i, n = 0, len(sql)
     while i < n:
@@ -106,7 +107,7 @@ def compact(sql: str) -> str:
                 j += 1
             last = out[-1][-1:] if out else ""
             newline = "\n" in sql[i:j]
-            if last == " " and newline and out[-1] == " ":  # the blank before a comment
+            if newline and out and out[-1] == " ":  # the blank before a comment: a line break
                 out[-1] = "\n"
             elif last not in ("", " ", "\n", "(", ",") and sql[j : j + 1] not in ("", ")", ","):
                 out.append("\n" if newline else " ")
