@@ -42,9 +42,11 @@ run AS (
 SELECT run_id, seq, step_id FROM ready;
 
 -- name: fork_source
--- The run a fork is asked of: its status, automation, version and what it knew at its end.
-SELECT run_id, automation_id, version, status, finished_at, ctx FROM runs
-WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s;
+-- The run a fork is asked of: its status, automation, version and what it knew at its end
+-- (or knows now: onward_run_now, migration 0030).
+SELECT r.run_id, r.automation_id, r.version, r.status, r.finished_at, n.ctx
+FROM runs r CROSS JOIN LATERAL onward_run_now(r) AS n
+WHERE r.org_id = (SELECT %(org_id)s::text) AND r.run_id = %(run_id)s;
 
 -- name: fork_steps
 -- Every step entry of that run, in order: the chosen one, and the outputs and variables of

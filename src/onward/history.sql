@@ -10,10 +10,13 @@ FROM history WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
 ORDER BY event_id;
 
 -- name: run_summary
--- The run row shown above its timeline.
-SELECT run_id, automation_id, version, start_key, start_key_kind, status, status_reason,
-       input, ctx, current_seq, steps_executed, max_steps, deadline_at, created_at, finished_at
-FROM runs WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s;
+-- The run row shown above its timeline, as it is now (onward_run_now: a row left behind by
+-- a step that runs is shown caught up, migration 0030).
+SELECT r.run_id, r.automation_id, r.version, r.start_key, r.start_key_kind, r.status,
+       r.status_reason, r.input, n.ctx, n.current_seq, n.steps_executed, r.max_steps,
+       r.deadline_at, r.created_at, r.finished_at
+FROM runs r CROSS JOIN LATERAL onward_run_now(r) AS n
+WHERE r.org_id = (SELECT %(org_id)s::text) AND r.run_id = %(run_id)s;
 
 -- name: run_status
 -- One run's status (polled by Engine.wait).
@@ -26,9 +29,10 @@ SELECT seq, step_id, kind, lane, iteration, status, attempt, owner, claimed_at, 
 FROM steps WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s ORDER BY seq;
 
 -- name: list_runs
--- Newest runs first, optionally filtered by status and automation.
-SELECT run_id, automation_id, version, status, status_reason, steps_executed, created_at,
-       finished_at
+-- Newest runs first, optionally filtered by status and automation; each run's step count as
+-- it is now (onward_run_now, migration 0030).
+SELECT run_id, automation_id, version, status, status_reason,
+       (onward_run_now(runs)).steps_executed AS steps_executed, created_at, finished_at
 FROM runs
 WHERE org_id = (SELECT %(org_id)s::text)
   AND (%(status)s::text IS NULL OR status = %(status)s)

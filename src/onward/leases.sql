@@ -87,14 +87,16 @@ FROM h JOIN steps s
  AND s.attempt = h.attempt AND s.status = h.holding;
 
 -- name: settle_advance
--- Steps are done: record each output (and the settle's history event, on the step row:
--- migration 0029), merge its variables into its run (and its output, when
--- the automation reads it: keep), and either enter the next step or complete the run. Set-based: a worker groups the settles of its concurrent
--- chains (independent runs) into one statement and one commit; each row keeps its own fence
--- (attempt = token AND status = 'running'), so a stale row is skipped while the others settle.
--- When eager, the next step is inserted already claimed by this worker (attempt 1, the lease of
--- its lane),
--- so no wake-up is needed; otherwise it is inserted ready with an outbox row for its lane.
+-- Steps are done: record each output and the variables it set (and the settle's history
+-- event, on the step row: migration 0029), and either enter the next step or complete the
+-- run. The run's row is written when the run completes, when the next step is not entered
+-- here, when the automation reads the step's output (keep) or when the run was not active;
+-- otherwise it is left behind (migration 0030) and the worker carries the run on in memory.
+-- Set-based: a worker groups the settles of its concurrent chains (independent runs) into
+-- one statement and one commit; each row keeps its own fence (attempt = token AND status =
+-- 'running'), so a stale row is skipped while the others settle. When eager, the next step
+-- is inserted already claimed by this worker (attempt 1, the lease of its lane), so no
+-- wake-up is needed; otherwise it is inserted ready with an outbox row for its lane.
 WITH x AS MATERIALIZED (
     -- the batch arrives as one JSON array of objects: one parameter that orjson writes in C
     -- (fifteen parallel arrays cost the worker about 35 us a step in psycopg's Python array
@@ -137,32 +139,52 @@ dx AS (
     SELECT x.*, d.step_id FROM done d
     JOIN x ON x.org_id = d.org_id AND x.run_id = d.run_id AND x.seq = d.seq
 ),
+was AS MATERIALIZED (
+    -- each settled step's run as this statement's snapshot has it, and whether this settle
+    -- writes its row: not when it enters the next step here (eager), keeps no output for the
+    -- run and the run stays active -- the run's row is then left behind (migration 0030:
+    -- its steps carry the variables and visits since; onward_fold catches it up) and the
+    -- worker carries the run on in memory. Decided once, here: the update below writes only
+    -- the rows this marks, whatever a concurrent transition did to the row meanwhile.
+    SELECT dx.*, r.current_seq, r.steps_executed, r.max_steps, r.deadline_at,
+           r.cancel_requested_at,
+           (dx.next_step_id IS NULL OR NOT dx.eager OR dx.keep OR r.status <> 'active') AS writes
+    FROM dx JOIN runs r ON r.org_id = dx.org_id AND r.run_id = dx.run_id
+),
 run AS (
     UPDATE runs r
-    -- the context changes only where it must: the variables a step set, and its output only
-    -- when some expression of the automation reads it (keep; it is on the step row anyway)
-    SET ctx = CASE WHEN dx.keep
-                   THEN jsonb_set(CASE WHEN dx.vars = '{}'::jsonb THEN r.ctx
-                                       ELSE jsonb_set(r.ctx, '{vars}',
-                                                      coalesce(r.ctx -> 'vars', '{}') || dx.vars)
-                                  END,
-                                  ARRAY['steps', dx.step_id], coalesce(dx.output, 'null'::jsonb))
-                   WHEN dx.vars = '{}'::jsonb THEN r.ctx
-                   ELSE jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}') || dx.vars)
-              END,
-        visits = CASE WHEN dx.next_step_id IS NULL THEN r.visits
-                      ELSE jsonb_set(r.visits, ARRAY[dx.next_step_id],
-                                     to_jsonb(dx.next_iteration)) END,
-        steps_executed = r.steps_executed + 1,
-        current_seq = CASE WHEN dx.next_step_id IS NULL THEN r.current_seq ELSE dx.seq + 1 END,
-        status = CASE WHEN dx.next_step_id IS NULL THEN 'completed' ELSE 'active' END,
-        finished_at = CASE WHEN dx.next_step_id IS NULL THEN now() END,
+    -- caught up to this step (the steps since current_seq folded in), then this step's own:
+    -- the variables it set, its output only when some expression of the automation reads it
+    -- (keep; it is on the step row anyway), the next step's visit, the count, the position
+    SET (ctx, visits, steps_executed, current_seq) = (
+            SELECT CASE WHEN w.keep THEN jsonb_set(c.ctx, ARRAY['steps', w.step_id], w.output)
+                        ELSE c.ctx END,
+                   CASE WHEN w.next_step_id IS NULL THEN f.visits
+                        ELSE jsonb_set(f.visits, ARRAY[w.next_step_id], to_jsonb(w.next_iteration))
+                   END,
+                   f.steps_executed + 1,
+                   CASE WHEN w.next_step_id IS NULL THEN w.seq ELSE w.seq + 1 END
+            FROM onward_fold(r, w.seq) AS f,
+                 LATERAL (SELECT CASE WHEN w.vars = '{}' THEN f.ctx
+                                      ELSE jsonb_set(f.ctx, '{vars}',
+                                                     coalesce(f.ctx -> 'vars', '{}') || w.vars)
+                                 END AS ctx) AS c),
+        status = CASE WHEN w.next_step_id IS NULL THEN 'completed' ELSE 'active' END,
+        finished_at = CASE WHEN w.next_step_id IS NULL THEN now() END,
         updated_at = now()
-    FROM dx
-    WHERE r.org_id = dx.org_id AND r.run_id = dx.run_id
+    FROM was w
+    WHERE w.writes AND r.org_id = w.org_id AND r.run_id = w.run_id
     RETURNING r.org_id, r.run_id, r.status, r.steps_executed, r.max_steps, now() AS db_now,
               now() > r.deadline_at AS over_age,
               r.cancel_requested_at IS NOT NULL AS cancel_requested
+),
+behind AS (
+    -- what the worker needs of a run whose row this settle leaves alone, in run's columns
+    -- (the union below takes their names from it): its count as the row would have it caught
+    -- up (each step since current_seq, this one too)
+    SELECT w.org_id, w.run_id, 'active', w.steps_executed + w.seq - w.current_seq + 1,
+           w.max_steps, now(), now() > w.deadline_at, w.cancel_requested_at IS NOT NULL
+    FROM was w WHERE NOT w.writes
 ),
 next AS (
     INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status, attempt,
@@ -190,7 +212,9 @@ ready AS (
     WHERE n.status = 'ready'
 ),
 {{announce_ready}}
-SELECT * FROM run;
+SELECT * FROM run
+UNION ALL
+SELECT * FROM behind;
 
 -- name: settle_wait_timer
 -- The step waits: on time (wait_kind 'timer', the timer is the wait), or on signals or a
@@ -215,7 +239,12 @@ t AS (
     RETURNING org_id, timer_id, run_id, seq, due_at, wake_n
 ),
 run AS (
-    UPDATE runs r SET status = 'waiting', updated_at = now()
+    -- caught up to the waiting step (migration 0030: it may have been entered by a settle
+    -- that left the run's row behind)
+    UPDATE runs r
+    SET (ctx, visits, steps_executed, current_seq) = (
+        SELECT f.ctx, f.visits, f.steps_executed, f.current_seq FROM onward_fold(r, w.seq) AS f),
+        status = 'waiting', updated_at = now()
     FROM w WHERE r.org_id = w.org_id AND r.run_id = w.run_id
 ),
 timer_due AS (
@@ -248,7 +277,8 @@ WITH to_ready AS (
     FROM (SELECT greatest(now() + make_interval(secs => %(delay)s),
                           coalesce(%(retry_at)s::timestamptz, '-infinity')) AS available_at) at
 ),
-{{make_ready}}
+{{make_ready}},
+{{fold_ready}}
 SELECT deliver_at AS available_at FROM ready;
 
 -- name: settle_defer
@@ -263,7 +293,8 @@ WITH to_ready AS (
            NULL::jsonb AS error, 'step_deferred' AS event, %(worker)s::text AS worker,
            %(detail)s::jsonb AS detail
 ),
-{{make_ready}}
+{{make_ready}},
+{{fold_ready}}
 SELECT deliver_at AS available_at FROM ready;
 
 -- name: settle_stop
@@ -280,8 +311,11 @@ WITH s AS (
     RETURNING org_id, run_id, seq, step_id, claimed_at
 ),
 run AS (
+    -- caught up to the step (migration 0030), then stopped or parked with it
     UPDATE runs r
-    SET status = %(run_status)s, status_reason = %(reason)s, updated_at = now(),
+    SET (ctx, visits, steps_executed, current_seq) = (
+        SELECT f.ctx, f.visits, f.steps_executed, f.current_seq FROM onward_fold(r, s.seq) AS f),
+        status = %(run_status)s, status_reason = %(reason)s, updated_at = now(),
         finished_at = CASE WHEN %(run_status)s IN ('failed', 'exceeded', 'cancelled', 'completed')
                            THEN now() END
     FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
@@ -317,8 +351,11 @@ WITH s AS (
     RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.claimed_at
 ),
 run AS (
+    -- caught up to the step (migration 0030), then cancelled
     UPDATE runs r
-    SET status = 'cancelled', status_reason = 'cancelled on request', finished_at = now(),
+    SET (ctx, visits, steps_executed, current_seq) = (
+        SELECT f.ctx, f.visits, f.steps_executed, f.current_seq FROM onward_fold(r, s.seq) AS f),
+        status = 'cancelled', status_reason = 'cancelled on request', finished_at = now(),
         updated_at = now()
     FROM s WHERE r.org_id = s.org_id AND r.run_id = s.run_id
 ),
@@ -346,7 +383,8 @@ WITH to_ready AS (
     FROM unnest(%(org_ids)s::text[], %(run_ids)s::text[], %(seqs)s::int[], %(attempts)s::int[])
          AS h(org_id, run_id, seq, attempt)
 ),
-{{make_ready}}
+{{make_ready}},
+{{fold_ready}}
 SELECT run_id, seq FROM ready;
 
 -- name: rescue_expired
@@ -364,5 +402,6 @@ WITH to_ready AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
-{{make_ready}}
+{{make_ready}},
+{{fold_ready}}
 SELECT count(*) AS rescued FROM ready;

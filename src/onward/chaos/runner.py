@@ -270,6 +270,9 @@ class Report:
     charged_runs: int = 0
     unfinished: int = 0
     no_way_forward: int = 0
+    # runs whose row is behind its steps with no step running (migration 0030: only a running
+    # step's run may be behind; every transition out of 'running' catches the row up)
+    rows_behind: int = 0
     lost: int = 0
     lost_runs: list[str] = field(default_factory=list)
     lost_detail: list[dict[str, Any]] = field(default_factory=list)
@@ -467,6 +470,7 @@ class Report:
             f"runs lost (no way forward)   {self.lost}"
             f"   (unfinished at the end {self.unfinished}, no durable way forward "
             f"{self.no_way_forward})",
+            f"run rows behind their steps  {self.rows_behind}   (with no step running)",
             f"transitions applied twice    {self.double_transitions}"
             + (f"   {self.doubles}" if self.double_transitions else ""),
             "provider duplicates          "
@@ -610,6 +614,8 @@ class Report:
             )
         if self.double_transitions:
             out.append(f"{self.double_transitions} transitions applied twice")
+        if self.rows_behind:
+            out.append(f"{self.rows_behind} run rows behind their steps with no step running")
         if self.double_decisions:
             out.append(f"{self.double_decisions} decisions applied twice")
         if self.decisions_astray:
@@ -700,6 +706,8 @@ def _db_figures(
         report.unfinished = len(unfinished)
         stuck = runs_without_way_forward(conn)
         report.no_way_forward = len(stuck)
+        behind = conn.execute(_ROWS_BEHIND, (org,)).fetchone()
+        report.rows_behind = int(behind["n"]) if behind else 0
         lost = sorted(unfinished | stuck)
         if lost:
             rows = conn.execute(
@@ -708,7 +716,9 @@ def _db_figures(
                           e.status AS effect, e.owner_token, e.lease_until > now() AS effect_live
                    FROM runs r
                    LEFT JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id
-                                    AND s.seq = r.current_seq
+                                    AND s.seq = (SELECT max(m.seq) FROM steps m
+                                                 WHERE m.org_id = r.org_id
+                                                   AND m.run_id = r.run_id)
                    LEFT JOIN effects e ON e.org_id = s.org_id AND e.run_id = s.run_id
                                       AND e.seq = s.seq
                    WHERE r.org_id = %s AND r.run_id = ANY(%s) ORDER BY r.run_id LIMIT 10""",
@@ -1232,6 +1242,18 @@ def _ledger_figures(
 
 
 # -- the people ----------------------------------------------------------------------------------
+
+# Runs whose row is behind its steps (onward_run_now would change it) while no step of theirs
+# runs: every transition that takes a step out of 'running' must have caught the row up.
+_ROWS_BEHIND = """
+SELECT count(*) AS n
+FROM runs r CROSS JOIN LATERAL onward_run_now(r) AS now
+WHERE r.org_id = %s
+  AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.org_id = r.org_id AND s.run_id = r.run_id
+                  AND s.status = 'running')
+  AND (now.ctx, now.visits, now.steps_executed, now.current_seq)
+      IS DISTINCT FROM (r.ctx, r.visits, r.steps_executed, r.current_seq)
+"""
 
 # Pending requests whose Slack message is posted (the ts is recorded right after the post). Not
 # an erased run's: its input no longer says which event it was, and its cancel is on the way

@@ -10,7 +10,8 @@
 -- organisation's every unfinished step and hashes it, as it did when its statistics called
 -- that index nearly empty (tests/integration/test_batch_plans.py).
 SELECT r.run_id, r.automation_id, r.version, r.status, r.status_reason, r.contact_id,
-       r.steps_executed, r.created_at, r.updated_at, r.finished_at,
+       (onward_run_now(r)).steps_executed AS steps_executed, r.created_at, r.updated_at,
+       r.finished_at,
        s.step_id AS step_id, s.status AS step_status, s.wait_kind, s.lane
 FROM runs r
 LEFT JOIN LATERAL (
@@ -38,7 +39,8 @@ LIMIT %(limit)s;
 -- name: page_newer
 -- The same filters, the runs just newer than the cursor (oldest first: the caller reverses).
 SELECT r.run_id, r.automation_id, r.version, r.status, r.status_reason, r.contact_id,
-       r.steps_executed, r.created_at, r.updated_at, r.finished_at,
+       (onward_run_now(r)).steps_executed AS steps_executed, r.created_at, r.updated_at,
+       r.finished_at,
        s.step_id AS step_id, s.status AS step_status, s.wait_kind, s.lane
 FROM runs r
 LEFT JOIN LATERAL (

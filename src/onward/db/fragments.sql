@@ -58,6 +58,23 @@ ready_history AS (
     FROM ready
 )
 
+-- fragment: fold_ready
+-- Expects `ready` from make_ready. A step made ready from 'running' (a retry, a deferral, a
+-- release, a rescue) may have been entered by a settle that left its run's row behind
+-- (migration 0030, leases.sql settle_advance): the run's row catches up to it here, in the same
+-- statement, so whoever claims the step next reads a current run. A row already current
+-- (current_seq is the step's) is not written.
+ready_fold AS (
+    UPDATE runs r
+    SET (ctx, visits, steps_executed, current_seq) = (
+            SELECT f.ctx, f.visits, f.steps_executed, f.current_seq
+            FROM onward_fold(r, ready.seq) AS f),
+        updated_at = now()
+    FROM ready
+    WHERE ready.from_status = 'running' AND r.org_id = ready.org_id AND r.run_id = ready.run_id
+      AND r.current_seq < ready.seq
+)
+
 -- fragment: announce_timer
 -- Expects a CTE `timer_due` (org_id, timer_id, run_id, seq, wake_n, due_at, lane): timers
 -- that are now due at due_at under wake number wake_n. Writes the delayed outbox row that

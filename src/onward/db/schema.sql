@@ -743,6 +743,28 @@ UNION ALL
   WHERE (steps.event_id IS NOT NULL);
 CREATE TRIGGER history_write INSTEAD OF INSERT OR DELETE OR UPDATE ON public.history FOR EACH ROW EXECUTE FUNCTION onward_history_write();
 
+CREATE OR REPLACE FUNCTION public.onward_fold(r runs, upto integer, OUT ctx jsonb, OUT visits jsonb, OUT steps_executed integer, OUT current_seq integer)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT CASE WHEN v.vars = '{}'::jsonb THEN r.ctx
+                ELSE jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}'::jsonb) || v.vars)
+           END,
+           r.visits || n.visits,
+           r.steps_executed + greatest(upto - r.current_seq, 0),
+           greatest(r.current_seq, upto)
+    FROM (SELECT coalesce(jsonb_object_agg(e.key, e.value ORDER BY s.seq), '{}'::jsonb) AS vars
+          FROM steps s CROSS JOIN LATERAL jsonb_each(s.vars) AS e
+          WHERE s.org_id = r.org_id AND s.run_id = r.run_id
+            AND s.seq >= r.current_seq AND s.seq < upto) AS v,
+         (SELECT coalesce(jsonb_object_agg(s.step_id, to_jsonb(s.iteration) ORDER BY s.seq),
+                          '{}'::jsonb) AS visits
+          FROM steps s
+          WHERE s.org_id = r.org_id AND s.run_id = r.run_id
+            AND s.seq > r.current_seq AND s.seq <= upto) AS n
+$function$;
+
 CREATE OR REPLACE FUNCTION public.onward_history_write()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -767,6 +789,17 @@ BEGIN
     WHERE org_id = OLD.org_id AND run_id = OLD.run_id AND event_id = OLD.event_id;
     RETURN OLD;
 END $function$;
+
+CREATE OR REPLACE FUNCTION public.onward_run_now(r runs, OUT ctx jsonb, OUT visits jsonb, OUT steps_executed integer, OUT current_seq integer)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT f.ctx, f.visits, f.steps_executed, f.current_seq
+    FROM onward_fold(r, coalesce((SELECT max(s.seq) FROM steps s
+                                  WHERE s.org_id = r.org_id AND s.run_id = r.run_id),
+                                 r.current_seq)) AS f
+$function$;
 
 CREATE OR REPLACE FUNCTION public.onward_secure(t regclass)
  RETURNS void
