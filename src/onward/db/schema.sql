@@ -745,25 +745,40 @@ CREATE TRIGGER history_write INSTEAD OF INSERT OR DELETE OR UPDATE ON public.his
 
 CREATE OR REPLACE FUNCTION public.onward_fold(r runs, upto integer, OUT ctx jsonb, OUT visits jsonb, OUT steps_executed integer, OUT current_seq integer)
  RETURNS record
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
 AS $function$
-    SELECT CASE WHEN v.vars = '{}'::jsonb THEN r.ctx
-                ELSE jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}'::jsonb) || v.vars)
-           END,
-           r.visits || n.visits,
-           r.steps_executed + greatest(upto - r.current_seq, 0),
-           greatest(r.current_seq, upto)
-    FROM (SELECT coalesce(jsonb_object_agg(e.key, e.value ORDER BY s.seq), '{}'::jsonb) AS vars
-          FROM steps s CROSS JOIN LATERAL jsonb_each(s.vars) AS e
-          WHERE s.org_id = r.org_id AND s.run_id = r.run_id
-            AND s.seq >= r.current_seq AND s.seq < upto) AS v,
-         (SELECT coalesce(jsonb_object_agg(s.step_id, to_jsonb(s.iteration) ORDER BY s.seq),
-                          '{}'::jsonb) AS visits
-          FROM steps s
-          WHERE s.org_id = r.org_id AND s.run_id = r.run_id
-            AND s.seq > r.current_seq AND s.seq <= upto) AS n
-$function$;
+#variable_conflict use_column
+DECLARE
+    set_since jsonb;
+    entered jsonb;
+BEGIN
+    ctx := r.ctx;
+    visits := r.visits;
+    steps_executed := r.steps_executed;
+    current_seq := r.current_seq;
+    IF upto IS NULL OR upto <= r.current_seq THEN
+        RETURN;
+    END IF;
+    -- in one read of the run's steps since: the variables of those settled before upto (a
+    -- later step's value wins, as the settle's merge did), and the id and iteration of each
+    -- entered after current_seq (a step's pair repeats once per variable it set: the same
+    -- value, so the same result)
+    SELECT coalesce(jsonb_object_agg(e.key, e.value ORDER BY s.seq)
+                        FILTER (WHERE s.seq < upto AND e.key IS NOT NULL), '{}'::jsonb),
+           coalesce(jsonb_object_agg(s.step_id, to_jsonb(s.iteration) ORDER BY s.seq)
+                        FILTER (WHERE s.seq > r.current_seq), '{}'::jsonb)
+    INTO set_since, entered
+    FROM steps s LEFT JOIN LATERAL jsonb_each(s.vars) AS e ON true
+    WHERE s.org_id = r.org_id AND s.run_id = r.run_id
+      AND s.seq >= r.current_seq AND s.seq <= upto;
+    IF set_since <> '{}'::jsonb THEN
+        ctx := jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}'::jsonb) || set_since);
+    END IF;
+    visits := r.visits || entered;
+    steps_executed := r.steps_executed + (upto - r.current_seq);
+    current_seq := upto;
+END $function$;
 
 CREATE OR REPLACE FUNCTION public.onward_history_write()
  RETURNS trigger
