@@ -31,11 +31,11 @@ FROM steps WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s ORDE
 -- name: list_runs
 -- Newest runs first, optionally filtered by status and automation; each run's step count as
 -- it is now (onward_run_now, migration 0030).
-SELECT run_id, automation_id, version, status, status_reason,
-       (onward_run_now(runs)).steps_executed AS steps_executed, created_at, finished_at
-FROM runs
-WHERE org_id = (SELECT %(org_id)s::text)
-  AND (%(status)s::text IS NULL OR status = %(status)s)
-  AND (%(automation_id)s::text IS NULL OR automation_id = %(automation_id)s)
-ORDER BY created_at DESC
+SELECT r.run_id, r.automation_id, r.version, r.status, r.status_reason, n.steps_executed,
+       r.created_at, r.finished_at
+FROM runs r CROSS JOIN LATERAL onward_run_now(r) AS n
+WHERE r.org_id = (SELECT %(org_id)s::text)
+  AND (%(status)s::text IS NULL OR r.status = %(status)s)
+  AND (%(automation_id)s::text IS NULL OR r.automation_id = %(automation_id)s)
+ORDER BY r.created_at DESC
 LIMIT %(limit)s;

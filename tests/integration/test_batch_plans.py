@@ -364,9 +364,11 @@ def test_a_page_of_runs_looks_each_runs_step_up_by_the_run(sql: psycopg.Connecti
         ("status", "automation_id", "version", "contact_id", "parked", "since", "until"), None
     )
     console = {"org_id": "acme", **filters, "cursor_at": None, "cursor_id": None, "limit": 50}
-    _assert_by_key(
-        _scans(_plan(sql, reads_q.page_older, console)), "steps", "steps_one_unfinished", "run_id"
-    )
+    scans = [s for s in _scans(_plan(sql, reads_q.page_older, console)) if s[1].startswith("steps")]
+    # the unfinished step by steps_one_unfinished; the run's latest step (onward_run_now, its
+    # count as it is now: migration 0030) by steps_pkey -- each by the run
+    assert {name for _, name, _ in scans} == {"steps_one_unfinished", "steps_pkey"}, scans
+    assert all("run_id" in cond for _, _, cond in scans), scans
 
 
 def _new_organisation(sql: psycopg.Connection) -> None:

@@ -8,10 +8,10 @@
 -- Each run with its unfinished step (at most one: steps_one_unfinished), looked up by the run:
 -- the LIMIT keeps the planner from turning the lateral into a join that reads the
 -- organisation's every unfinished step and hashes it, as it did when its statistics called
--- that index nearly empty (tests/integration/test_batch_plans.py).
+-- that index nearly empty (tests/integration/test_batch_plans.py). The step count as it is
+-- now (onward_run_now, migration 0030).
 SELECT r.run_id, r.automation_id, r.version, r.status, r.status_reason, r.contact_id,
-       (onward_run_now(r)).steps_executed AS steps_executed, r.created_at, r.updated_at,
-       r.finished_at,
+       n.steps_executed, r.created_at, r.updated_at, r.finished_at,
        s.step_id AS step_id, s.status AS step_status, s.wait_kind, s.lane
 FROM runs r
 LEFT JOIN LATERAL (
@@ -20,6 +20,7 @@ LEFT JOIN LATERAL (
       AND st.status IN ('ready', 'running', 'waiting', 'parked')
     LIMIT 1
 ) s ON true
+CROSS JOIN LATERAL onward_run_now(r) AS n
 WHERE r.org_id = (SELECT %(org_id)s::text)
   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
   AND (%(automation_id)s::text IS NULL OR r.automation_id = %(automation_id)s::text)
@@ -39,8 +40,7 @@ LIMIT %(limit)s;
 -- name: page_newer
 -- The same filters, the runs just newer than the cursor (oldest first: the caller reverses).
 SELECT r.run_id, r.automation_id, r.version, r.status, r.status_reason, r.contact_id,
-       (onward_run_now(r)).steps_executed AS steps_executed, r.created_at, r.updated_at,
-       r.finished_at,
+       n.steps_executed, r.created_at, r.updated_at, r.finished_at,
        s.step_id AS step_id, s.status AS step_status, s.wait_kind, s.lane
 FROM runs r
 LEFT JOIN LATERAL (
@@ -49,6 +49,7 @@ LEFT JOIN LATERAL (
       AND st.status IN ('ready', 'running', 'waiting', 'parked')
     LIMIT 1
 ) s ON true
+CROSS JOIN LATERAL onward_run_now(r) AS n
 WHERE r.org_id = (SELECT %(org_id)s::text)
   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
   AND (%(automation_id)s::text IS NULL OR r.automation_id = %(automation_id)s::text)

@@ -743,42 +743,32 @@ UNION ALL
   WHERE (steps.event_id IS NOT NULL);
 CREATE TRIGGER history_write INSTEAD OF INSERT OR DELETE OR UPDATE ON public.history FOR EACH ROW EXECUTE FUNCTION onward_history_write();
 
-CREATE OR REPLACE FUNCTION public.onward_fold(r runs, upto integer, OUT ctx jsonb, OUT visits jsonb, OUT steps_executed integer, OUT current_seq integer)
- RETURNS record
- LANGUAGE plpgsql
- STABLE
+CREATE OR REPLACE FUNCTION public.onward_fold(r runs, upto integer)
+ RETURNS TABLE(ctx jsonb, visits jsonb, steps_executed integer, current_seq integer)
+ LANGUAGE sql
+ STABLE ROWS 1
 AS $function$
-#variable_conflict use_column
-DECLARE
-    set_since jsonb;
-    entered jsonb;
-BEGIN
-    ctx := r.ctx;
-    visits := r.visits;
-    steps_executed := r.steps_executed;
-    current_seq := r.current_seq;
-    IF upto IS NULL OR upto <= r.current_seq THEN
-        RETURN;
-    END IF;
-    -- in one read of the run's steps since: the variables of those settled before upto (a
-    -- later step's value wins, as the settle's merge did), and the id and iteration of each
-    -- entered after current_seq (a step's pair repeats once per variable it set: the same
+    -- in one read of the run's steps since current_seq: the variables of those settled before
+    -- upto (a later step's value wins, as the settle's merge did), and the id and iteration of
+    -- each entered after current_seq (a step's pair repeats once per variable it set: the same
     -- value, so the same result)
-    SELECT coalesce(jsonb_object_agg(e.key, e.value ORDER BY s.seq)
-                        FILTER (WHERE s.seq < upto AND e.key IS NOT NULL), '{}'::jsonb),
-           coalesce(jsonb_object_agg(s.step_id, to_jsonb(s.iteration) ORDER BY s.seq)
-                        FILTER (WHERE s.seq > r.current_seq), '{}'::jsonb)
-    INTO set_since, entered
-    FROM steps s LEFT JOIN LATERAL jsonb_each(s.vars) AS e ON true
-    WHERE s.org_id = r.org_id AND s.run_id = r.run_id
-      AND s.seq >= r.current_seq AND s.seq <= upto;
-    IF set_since <> '{}'::jsonb THEN
-        ctx := jsonb_set(r.ctx, '{vars}', coalesce(r.ctx -> 'vars', '{}'::jsonb) || set_since);
-    END IF;
-    visits := r.visits || entered;
-    steps_executed := r.steps_executed + (upto - r.current_seq);
-    current_seq := upto;
-END $function$;
+    SELECT CASE WHEN f.set_since = '{}'::jsonb THEN r.ctx
+                ELSE jsonb_set(r.ctx, '{vars}',
+                               coalesce(r.ctx -> 'vars', '{}'::jsonb) || f.set_since)
+           END,
+           r.visits || f.entered,
+           r.steps_executed + greatest(upto - r.current_seq, 0),
+           greatest(r.current_seq, upto)
+    FROM (SELECT coalesce(jsonb_object_agg(e.key, e.value ORDER BY s.seq)
+                              FILTER (WHERE s.seq < upto AND e.key IS NOT NULL),
+                          '{}'::jsonb) AS set_since,
+                 coalesce(jsonb_object_agg(s.step_id, to_jsonb(s.iteration) ORDER BY s.seq)
+                              FILTER (WHERE s.seq > r.current_seq),
+                          '{}'::jsonb) AS entered
+          FROM steps s LEFT JOIN LATERAL jsonb_each(s.vars) AS e ON true
+          WHERE s.org_id = r.org_id AND s.run_id = r.run_id
+            AND s.seq >= r.current_seq AND s.seq <= upto) AS f
+$function$;
 
 CREATE OR REPLACE FUNCTION public.onward_history_write()
  RETURNS trigger
@@ -805,10 +795,10 @@ BEGIN
     RETURN OLD;
 END $function$;
 
-CREATE OR REPLACE FUNCTION public.onward_run_now(r runs, OUT ctx jsonb, OUT visits jsonb, OUT steps_executed integer, OUT current_seq integer)
- RETURNS record
+CREATE OR REPLACE FUNCTION public.onward_run_now(r runs)
+ RETURNS TABLE(ctx jsonb, visits jsonb, steps_executed integer, current_seq integer)
  LANGUAGE sql
- STABLE
+ STABLE ROWS 1
 AS $function$
     SELECT f.ctx, f.visits, f.steps_executed, f.current_seq
     FROM onward_fold(r, coalesce((SELECT max(s.seq) FROM steps s
