@@ -139,6 +139,18 @@ dx AS (
     SELECT x.*, d.step_id FROM done d
     JOIN x ON x.org_id = d.org_id AND x.run_id = d.run_id AND x.seq = d.seq
 ),
+was AS MATERIALIZED (
+    -- each settled step's run as this statement's snapshot has it, and whether this settle
+    -- writes its row: not when it enters the next step here (eager), keeps no output for the
+    -- run and the run stays active -- the run's row is then left behind (migration 0030:
+    -- its steps carry the variables and visits since; onward_fold catches it up) and the
+    -- worker carries the run on in memory. Decided once, here: the update below writes only
+    -- the rows this marks, whatever a concurrent transition did to the row meanwhile.
+    SELECT dx.*, r.current_seq, r.steps_executed, r.max_steps, r.deadline_at,
+           r.cancel_requested_at,
+           (dx.next_step_id IS NULL OR NOT dx.eager OR dx.keep OR r.status <> 'active') AS writes
+    FROM dx JOIN runs r ON r.org_id = dx.org_id AND r.run_id = dx.run_id
+),
 run AS (
     UPDATE runs r
     -- caught up to this step (the steps since current_seq folded in), then this step's own:
@@ -160,13 +172,8 @@ run AS (
         status = CASE WHEN w.next_step_id IS NULL THEN 'completed' ELSE 'active' END,
         finished_at = CASE WHEN w.next_step_id IS NULL THEN now() END,
         updated_at = now()
-    FROM dx w
-    -- the settles that write their run's row: the run completes, the next step is not entered
-    -- here, the automation reads this step's output (keep), or the run was not active. Any
-    -- other leaves the row behind (migration 0030: its steps carry the variables and visits
-    -- since; onward_fold catches it up) and the worker carries the run on in memory
-    WHERE r.org_id = w.org_id AND r.run_id = w.run_id
-      AND (w.next_step_id IS NULL OR NOT w.eager OR w.keep OR r.status <> 'active')
+    FROM was w
+    WHERE w.writes AND r.org_id = w.org_id AND r.run_id = w.run_id
     RETURNING r.org_id, r.run_id, r.status, r.steps_executed, r.max_steps, now() AS db_now,
               now() > r.deadline_at AS over_age,
               r.cancel_requested_at IS NOT NULL AS cancel_requested
@@ -174,15 +181,10 @@ run AS (
 behind AS (
     -- what the worker needs of a run whose row this settle leaves alone, in run's columns
     -- (the union below takes their names from it): its count as the row would have it caught
-    -- up (each step since current_seq, this one too). Its condition is the complement of
-    -- run's, read at this statement's snapshot where the update reads the row it locks: no
-    -- transition changes the status of a run whose step runs, and one that did in between
-    -- would at worst return the run twice or not at all (then the worker stops the chain as
-    -- for a lost lease, and the eager step's lease lapses into a rescue)
-    SELECT r.org_id, r.run_id, r.status, r.steps_executed + w.seq - r.current_seq + 1,
-           r.max_steps, now(), now() > r.deadline_at, r.cancel_requested_at IS NOT NULL
-    FROM dx w JOIN runs r ON r.org_id = w.org_id AND r.run_id = w.run_id
-    WHERE w.next_step_id IS NOT NULL AND w.eager AND NOT w.keep AND r.status = 'active'
+    -- up (each step since current_seq, this one too)
+    SELECT w.org_id, w.run_id, 'active', w.steps_executed + w.seq - w.current_seq + 1,
+           w.max_steps, now(), now() > w.deadline_at, w.cancel_requested_at IS NOT NULL
+    FROM was w WHERE NOT w.writes
 ),
 next AS (
     INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, iteration, status, attempt,

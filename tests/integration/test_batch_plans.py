@@ -138,6 +138,51 @@ def test_a_grouped_settle_looks_each_step_up_by_its_key(sql: psycopg.Connection)
     _assert_by_key(scans, "steps", "steps_pkey", "run_id")
 
 
+def test_a_grouped_settle_looks_each_run_up_by_its_key(sql: psycopg.Connection) -> None:
+    # a live run's statistics: the runs analysed when every one had completed, then 20,000
+    # started since (active; the statistics call active runs rare). The settle reads each
+    # settled step's run, and writes the ones it does not leave behind (migration 0030), by
+    # the run's key. A condition on the run's status as a constant in the join (2026-12-07, a
+    # version not kept) let the planner read the organisation's active runs by
+    # runs_page_by_status instead: the live bench fell from 7,000-9,000 to 2,500-4,000 steps/s.
+    _quiet_statistics(sql)
+    _quiet_runs(sql)
+    sql.execute(
+        "INSERT INTO runs (org_id, run_id, automation_id, version, start_key, start_key_kind, "
+        "status, max_steps, deadline_at) "
+        "SELECT 'acme', 'n' || g, 'a', 1, 'n' || g, 'event', 'active', 100, now() "
+        "FROM generate_series(1, 20000) g"
+    )
+    for last in (False, True):  # runs left behind (eager, mid-chain); runs completed
+        items = [
+            {
+                "org_id": "acme",
+                "run_id": f"n{i}",
+                "seq": 1,
+                "attempt": 1,
+                "output": None,
+                "vars": {"v": i},
+                "eager": not last,
+                "done_status": "done",
+                "lease": 30.0,
+                "keep": False,
+                **(
+                    {}
+                    if last
+                    else {
+                        "next_step_id": "b",
+                        "next_kind": "set",
+                        "next_lane": "fast",
+                        "next_iteration": 1,
+                    }
+                ),
+            }
+            for i in range(1, BATCH + 1)
+        ]
+        scans = _scans(_plan(sql, Q.settle_advance, {"worker": "w", "items": Jsonb(items)}))
+        _assert_by_key(scans, "runs", "runs_pkey", "run_id")
+
+
 def test_a_heartbeat_looks_each_lease_up_by_its_key(sql: psycopg.Connection) -> None:
     _quiet_statistics(sql)
     scans = _scans(_plan(sql, Q.heartbeat, _lease_batch(leases=[30.0] * BATCH)))
