@@ -50,7 +50,8 @@ WHERE r.org_id = (SELECT %(org_id)s::text) AND r.run_id = %(run_id)s;
 
 -- name: fork_steps
 -- Every step entry of that run, in order: the chosen one, and the outputs and variables of
--- those before it.
-SELECT seq, step_id, kind, status, iteration, output, vars FROM steps
-WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
-ORDER BY seq;
+-- those before it (each output through onward_step_output, migration 0032).
+SELECT s.seq, s.step_id, s.kind, s.status, s.iteration, onward_step_output(s) AS output, s.vars
+FROM steps s
+WHERE s.org_id = (SELECT %(org_id)s::text) AND s.run_id = %(run_id)s
+ORDER BY s.seq;

@@ -23,10 +23,12 @@ WHERE r.org_id = (SELECT %(org_id)s::text) AND r.run_id = %(run_id)s;
 SELECT status FROM runs WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s;
 
 -- name: steps_of_run
--- The step rows of one run.
-SELECT seq, step_id, kind, lane, iteration, status, attempt, owner, claimed_at, lease_until,
-       available_at, wait_kind, output, error, created_at, finished_at
-FROM steps WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s ORDER BY seq;
+-- The step rows of one run (a step's output through onward_step_output: one stored as the
+-- step's variables reads as them, migration 0032).
+SELECT s.seq, s.step_id, s.kind, s.lane, s.iteration, s.status, s.attempt, s.owner,
+       s.claimed_at, s.lease_until, s.available_at, s.wait_kind, onward_step_output(s) AS output,
+       s.error, s.created_at, s.finished_at
+FROM steps s WHERE s.org_id = (SELECT %(org_id)s::text) AND s.run_id = %(run_id)s ORDER BY s.seq;
 
 -- name: list_runs
 -- Newest runs first, optionally filtered by status and automation; each run's step count as

@@ -121,13 +121,19 @@ async def settle_advance_many(
             "run_id": t.run_id,
             "seq": t.seq,
             "attempt": t.attempt,
-            "output": i.output,
             "vars": i.vars or {},
             "eager": bool(i.eager and n),
             "done_status": "skipped" if i.skipped else "done",
             "lease": i.lease if i.lease is not None else lease,
             "keep": i.keep_output,
         }
+        if i.vars and i.output is i.vars:
+            # a step whose output is its variables (one dict, as `set` returns): sent and
+            # stored once, as the variables (`steps.output` NULL on a settled step reads as
+            # its `vars`: onward_step_output, migration 0032)
+            row["same"] = True
+        else:
+            row["output"] = i.output
         if n is not None:
             row["next_step_id"] = n.step_id
             row["next_kind"] = n.kind

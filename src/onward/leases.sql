@@ -107,14 +107,19 @@ WITH x AS MATERIALIZED (
     -- hash it (its estimate of that index is a handful of rows; under load it is thousands,
     -- a scan of them all for every settle); a column leaves it one lookup by steps_pkey a
     -- step (tests/integration/test_batch_plans.py).
-    SELECT x.org_id, x.run_id, x.seq, x.attempt, coalesce(x.output, 'null'::jsonb) AS output,
+    -- `same`: the step's output is its variables (one dict, as `set` returns), sent once as
+    -- `vars` and stored once: `output` (what the step row stores) is NULL, which on a settled
+    -- step reads as its `vars` (onward_step_output, migration 0032)
+    SELECT x.org_id, x.run_id, x.seq, x.attempt,
+           CASE WHEN x.same AND x.vars <> '{}' THEN NULL ELSE coalesce(x.output, 'null') END
+               AS output,
            coalesce(x.vars, '{}'::jsonb) AS vars, x.next_step_id, x.next_kind, x.next_lane,
            x.next_iteration, x.eager, x.done_status, x.detail, x.lease, x.keep,
            'running'::text AS holding
     FROM jsonb_to_recordset(%(items)s::jsonb) AS x(
         org_id text, run_id text, seq int, attempt int, output jsonb, vars jsonb,
         next_step_id text, next_kind text, next_lane text, next_iteration int, eager bool,
-        done_status text, detail jsonb, lease float8, keep bool)
+        done_status text, detail jsonb, lease float8, keep bool, same bool)
     -- locked in key order (its steps, then its runs), as the heartbeat's batch is
     ORDER BY x.org_id, x.run_id, x.seq
 ),
@@ -157,7 +162,8 @@ run AS (
     -- the variables it set, its output only when some expression of the automation reads it
     -- (keep; it is on the step row anyway), the next step's visit, the count, the position
     SET (ctx, visits, steps_executed, current_seq) = (
-            SELECT CASE WHEN w.keep THEN jsonb_set(c.ctx, ARRAY['steps', w.step_id], w.output)
+            SELECT CASE WHEN w.keep
+                        THEN jsonb_set(c.ctx, ARRAY['steps', w.step_id], coalesce(w.output, w.vars))
                         ELSE c.ctx END,
                    CASE WHEN w.next_step_id IS NULL THEN f.visits
                         ELSE jsonb_set(f.visits, ARRAY[w.next_step_id], to_jsonb(w.next_iteration))

@@ -22,10 +22,11 @@ WHERE r.org_id = (SELECT %(org_id)s::text) AND r.automation_id = %(automation_id
 -- name: outputs
 -- The latest output of each finished step of a run. A run's context keeps only the outputs
 -- its version's expressions read (policy.outputs_read); the version it moves to may read
--- others. Served by steps_pkey.
-SELECT DISTINCT ON (step_id) step_id, output FROM steps
-WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND status IN ('done', 'skipped')
-ORDER BY step_id, seq DESC;
+-- others. Served by steps_pkey. Each through onward_step_output (migration 0032).
+SELECT DISTINCT ON (s.step_id) s.step_id, onward_step_output(s) AS output FROM steps s
+WHERE s.org_id = (SELECT %(org_id)s::text) AND s.run_id = %(run_id)s
+  AND s.status IN ('done', 'skipped')
+ORDER BY s.step_id, s.seq DESC;
 
 -- name: page
 -- The next page of the version's unfinished runs after the cursor, in run id order, each with

@@ -786,7 +786,7 @@ def _expected_work(
     approval's Slack post is keyed by its approval id; a send skipped for consent did none.
     Not of erased runs: their steps' outputs are redacted."""
     rows = conn.execute(
-        """SELECT st.run_id, st.step_id, st.output FROM steps st
+        """SELECT st.run_id, st.step_id, onward_step_output(st) AS output FROM steps st
            JOIN runs r ON r.org_id = st.org_id AND r.run_id = st.run_id
            WHERE r.org_id = %s AND r.status = 'completed' AND st.status = 'done'
              AND st.step_id = ANY(%s) AND r.run_id <> ALL(%s)""",

@@ -825,6 +825,14 @@ BEGIN
     END IF;
 END $function$;
 
+CREATE OR REPLACE FUNCTION public.onward_step_output(s steps)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT coalesce(s.output, s.vars)
+$function$;
+
 CREATE OR REPLACE FUNCTION public.onward_step_wake_id(run_id text, seq integer, attempt integer)
  RETURNS text
  LANGUAGE sql

@@ -147,7 +147,9 @@ def steps(
     org: str | None = None,
 ) -> list[Row]:
     """Every column of a run's step rows, by position: only ``step_id``'s when given (a step
-    visited again by a loop, or ``(row,) = steps(conn, run_id, "send")`` to say it has one)."""
+    visited again by a loop, or ``(row,) = steps(conn, run_id, "send")`` to say it has one).
+    The columns as stored: a step whose output is its variables (a ``set`` step) has
+    ``output`` None and its output in ``vars`` (migration 0032, ``onward_step_output``)."""
     return _all(conn, Q.steps, {"run_id": run_id, "step_id": step_id, "org": org})
 
 
