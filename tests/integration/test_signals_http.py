@@ -106,7 +106,9 @@ def signal_rows(sql: psycopg.Connection[Any], run_id: str | None = None) -> list
 
 def step_output(sql: psycopg.Connection[Any], run_id: str, step_id: str) -> Any:
     row = sql.execute(
-        "SELECT output FROM steps WHERE run_id = %s AND step_id = %s", (run_id, step_id)
+        # a step's output, as every reader reads it (a `set` step's is its variables: 0032)
+        "SELECT onward_step_output(s) AS output FROM steps s WHERE s.run_id = %s AND s.step_id = %s",
+        (run_id, step_id),
     ).fetchone()
     assert row is not None
     return row["output"]
