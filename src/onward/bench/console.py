@@ -240,6 +240,7 @@ def run(database_url: str, *, quick: bool = False, runs: int | None = None) -> d
         paths = {
             "list first page": "/",
             "list status=failed": "/?status=failed",
+            "list status=completed": "/?status=completed",
             "list automation=bench-b": "/?automation=bench-b",
             "list automation+version": "/?automation=bench-b&version=2",
             "list parked=budget": "/?parked=budget",

@@ -565,7 +565,7 @@ CREATE INDEX runs_contact ON public.runs USING btree (org_id, contact_id) WHERE 
 CREATE INDEX runs_finished ON public.runs USING btree (org_id, finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX runs_page ON public.runs USING btree (org_id, created_at, run_id);
 CREATE INDEX runs_page_by_automation ON public.runs USING btree (org_id, automation_id, created_at, run_id);
-CREATE INDEX runs_page_by_status ON public.runs USING btree (org_id, status, created_at, run_id);
+CREATE INDEX runs_page_by_status ON public.runs USING btree (org_id, status, created_at, run_id) WHERE (status <> 'completed'::text);
 CREATE INDEX runs_waiting_deadline ON public.runs USING btree (org_id, deadline_at) WHERE (status = ANY (ARRAY['waiting'::text, 'parked'::text]));
 ALTER TABLE runs SET (fillfactor=50);
 ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
