@@ -268,7 +268,19 @@ async def test_a_changed_draft_refuses_the_old_buttons_and_asks_again(
     run_id = await started(engine, "a6")
     async with engine.running():
         first = await slack.nth_message(1)
-        # the draft is edited while the request waits (an operator's correction)
+
+        async def waits() -> Any:
+            return sql.execute(
+                "SELECT 1 FROM steps WHERE run_id = %s AND step_id = 'approve' "
+                "AND status = 'waiting'",
+                (run_id,),
+            ).fetchone()
+
+        # the draft is edited while the request waits (an operator's correction): once the
+        # step waits, not while it still runs -- the message is posted before the step's wait
+        # is committed, and that settle writes the run's context from its steps (a run's row
+        # is left behind mid-chain: migration 0030), which would put the first draft back
+        await eventually(waits, what="the approval step waiting")
         # in a thread: a blocking write on this loop could wait for a lock that the engine's
         # open transaction (on this same loop) holds, and never get it
         await asyncio.to_thread(
