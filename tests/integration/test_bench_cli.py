@@ -69,6 +69,8 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
             alt["live_steps_per_s"] / alt["drain_steps_per_s"], 3
         )
         assert alt["history_events_per_step"] == 1.0  # the second drain ran every step too
+        # of its WAL, the full-page images (a checkpoint in the drain): a part, never more
+        assert 0 <= alt["wal_full_page_bytes_per_step"] <= alt["wal_bytes_per_step"]
     m = goals["median"]
     assert m["wal_bytes_per_step"] == round(
         (first["wal_bytes_per_step"] + second["wal_bytes_per_step"]) / 2, 3
@@ -77,6 +79,7 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     assert goals["met"]["live_over_drain"] == (m["live_over_drain"] >= 0.6)
     text = render(res)  # the same figures as the command prints them
     assert "goals, on the medians of 2 alternation(s)" in text
+    assert "of the WAL a step, full-page images" in text
     wal_line = next(line for line in text.splitlines() if "WAL bytes a step" in line)
     assert (
         wal_line.endswith("met") and ("NOT met" in wal_line) != goals["met"]["wal_bytes_per_step"]

@@ -555,6 +555,26 @@ GROUP BY 1 ORDER BY 2 DESC
 """
 
 
+# The bytes of full-page images among the records: a page's first change after a checkpoint
+# writes the whole page. A drain that a (timed) checkpoint falls into writes more WAL than one
+# that none does, for the same rows; this names how much of a drain's figure that was.
+WAL_FULL_PAGES = r"""
+SELECT coalesce(sum(fpi_length), 0)::bigint
+FROM pg_get_wal_records_info(%(a)s::pg_lsn, %(b)s::pg_lsn)
+"""
+
+
+def wal_full_pages(url: str, a: DbCounters, b: DbCounters, steps: int) -> float | None:
+    """Bytes of full-page images per step between two readings (None without pg_walinspect)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            row = conn.execute(WAL_FULL_PAGES, {"a": a.wal_lsn, "b": b.wal_lsn}).fetchone()
+        except psycopg.Error:
+            return None
+    return round(int(row[0]) / max(steps, 1), 1) if row else None
+
+
 def wal_by_relation(url: str, a: DbCounters, b: DbCounters, steps: int) -> dict[str, float]:
     """WAL bytes per step between two readings by relation (table or index; "other": records of
     no relation of this database, commits among them), largest first; empty when

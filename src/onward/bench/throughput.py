@@ -72,6 +72,7 @@ from onward.bench.ceiling import (
     table_delta,
     vm_kb,
     wal_by_relation,
+    wal_full_pages,
 )
 from onward.bench.db import scratch_database
 from onward.bench.proc import Child, warm_pool
@@ -310,6 +311,7 @@ def _drain(url: str, o: dict[str, Any], org: str = "bench") -> dict[str, Any]:
                 tables.get("history_log") or tables.get("history") or {}
             ).get("ins_per_step", 0.0),
             "wal_by_relation": wal_by_relation(url, db0, db1, executed),
+            "wal_full_page_bytes_per_step": wal_full_pages(url, db0, db1, executed),
         },
     }
 
@@ -527,6 +529,8 @@ def _goals(
                 round(lv["steps_per_s"] / max(d["steps_per_s"], 1e-9), 3) if lv else None
             ),
             "wal_bytes_per_step": d["wal_bytes_per_step"],
+            # of them, full-page images: a drain a checkpoint fell into (README, "seventh")
+            "wal_full_page_bytes_per_step": d.get("wal_full_page_bytes_per_step"),
             "commits_per_step": d["commits_per_step"],
             "history_rows_per_step": d["history_rows_per_step"],
             "history_events_per_step": d["history_events_per_step"],
@@ -597,7 +601,8 @@ def _render_goals(goals: dict[str, Any]) -> list[str]:
     lines.append(
         f"  (drain {each('drain_steps_per_s', '.0f')} steps/s; grouped "
         f"{each('grouped_steps_per_s', '.0f')}; live {each('live_steps_per_s', '.0f')}; "
-        f"history events a step {each('history_events_per_step', '.2f')})"
+        f"history events a step {each('history_events_per_step', '.2f')}; of the WAL a step, "
+        f"full-page images {each('wal_full_page_bytes_per_step', '.0f')})"
     )
     return lines
 
