@@ -97,10 +97,13 @@ def test_bench_throughput_quick_curve_prints_one_point_per_worker_count(db_url: 
         assert p["steps_per_s"] > 0 and 0 < p["commits_per_step"] < 1.5
         g = p["grouped"]
         assert g["steps"] == runs * steps_per_run and 0 < g["commits_per_step"] < 1.0
-        # PostgreSQL's share of the machine: its CPU seconds over wall seconds over cores (a
-        # quick drain may fall inside one clock tick of /proc's CPU counters: 0 is possible)
+        # PostgreSQL's share of the machine: its CPU seconds over wall seconds over cores. A
+        # quick drain lasts a few clock ticks of /proc's CPU counters, each server process's
+        # reading is whole ticks, and under the suite other tests' backends run too: 0 is
+        # possible, and so is a little over 1 (seen: 1.112). A unit slip (milliseconds read as
+        # seconds) would be a thousand times off: that is what the bound catches.
         for share in (p["pg_cpu_share"], g["pg_cpu_share"]):
-            assert 0 <= share <= 1.0
+            assert 0 <= share < 3.0
         assert p["ratio"] == round(p["steps_per_s"] / g["steps_per_s"], 3)
     text = run_onward(db_url, "bench", "throughput", "--quick", "--workers", "1,2", timeout=300)
     assert text.returncode == 0, text.stderr
