@@ -7,6 +7,11 @@ These prove the commands work and their figures hang together; they assert no ti
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import psycopg
+
+from onward.bench.ceiling import db_counters, wal_by_relation, wal_full_pages
 from onward.bench.throughput import render
 from onward.testing import run_onward
 from tests.integration.benches import bench as _bench
@@ -36,6 +41,7 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     # where the WAL went: the records of the window by relation add up to its bytes (less the
     # pages' own headers and padding), the steps', runs' and history's rows among them
     by_rel = eng["wal_by_relation"]
+    assert eng["wal_inspect_error"] is None
     assert {"steps", "steps_pkey", "runs", "runs_pkey"} <= set(by_rel)
     assert 0.8 * eng["wal_bytes_per_step"] <= sum(by_rel.values()) <= eng["wal_bytes_per_step"]
     assert eng["worker_rss_mb"] and all(0 < mb < 1024 for mb in eng["worker_rss_mb"])
@@ -123,3 +129,24 @@ def test_bench_workers_refuses_a_bad_count_in_one_line(db_url: str) -> None:
         assert out.returncode == 2, (bad, out.stderr)
         assert why in out.stderr and "Traceback" not in out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_wal_breakdown_waits_for_a_window_written_but_not_yet_flushed(db_url: str) -> None:
+    """pg_walinspect refuses a window ending past the flush ("cannot accept future end LSN"),
+    which a reading can be under load (the suite's run on a loaded machine read no breakdown):
+    the bench waits for the flush. A commit without a flush (`synchronous_commit = off`) leaves
+    its record inserted, not flushed, until the WAL writer's next round (up to 200 ms)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        # both made first: creating either commits with a flush, which would close the window
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        conn.execute("CREATE TABLE IF NOT EXISTS wal_window_probe (n int)")
+        a = db_counters(db_url)
+        conn.execute("SET synchronous_commit = off")
+        conn.execute("INSERT INTO wal_window_probe SELECT generate_series(1, 10)")
+        lsn = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert lsn is not None
+        b = replace(a, wal_lsn=str(lsn[0]))
+        by_rel = wal_by_relation(db_url, a, b, 1)
+        fpi = wal_full_pages(db_url, a, b, 1)
+    assert isinstance(by_rel, dict) and by_rel.get("wal_window_probe", 0) > 0, by_rel
+    assert isinstance(fpi, float) and fpi >= 0, fpi

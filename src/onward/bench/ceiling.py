@@ -564,27 +564,46 @@ FROM pg_get_wal_records_info(%(a)s::pg_lsn, %(b)s::pg_lsn)
 """
 
 
-def wal_full_pages(url: str, a: DbCounters, b: DbCounters, steps: int) -> float | None:
-    """Bytes of full-page images per step between two readings (None without pg_walinspect)."""
+def _walinspect(url: str, a: DbCounters, b: DbCounters, query: str) -> list[Any] | str:
+    """The rows of a pg_walinspect query over the window ``a``..``b``, or why there are none.
+
+    ``pg_current_wal_lsn()`` (what a reading holds) is how far WAL has been written, which can
+    be ahead of how far it has been flushed -- the reading's own transaction commits without a
+    flush, and under load backends write WAL buffers out before anyone flushes them -- and
+    pg_walinspect refuses an end past the flush ("cannot accept future end LSN": the suite on
+    a loaded machine, 2026-12-07). So wait, polling, for the flush to pass the window's end
+    (the WAL writer flushes within ``wal_writer_delay``, 200 ms by default) before reading."""
     with psycopg.connect(url, autocommit=True) as conn:
         try:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-            row = conn.execute(WAL_FULL_PAGES, {"a": a.wal_lsn, "b": b.wal_lsn}).fetchone()
-        except psycopg.Error:
-            return None
-    return round(int(row[0]) / max(steps, 1), 1) if row else None
+            deadline = time.monotonic() + 10.0
+            while not conn.execute(
+                "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (b.wal_lsn,)
+            ).fetchone()[0]:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    return f"WAL up to {b.wal_lsn} not flushed within 10 s"
+                time.sleep(0.005)
+            return conn.execute(query, {"a": a.wal_lsn, "b": b.wal_lsn}).fetchall()
+        except psycopg.Error as e:
+            return f"pg_walinspect: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
 
 
-def wal_by_relation(url: str, a: DbCounters, b: DbCounters, steps: int) -> dict[str, float]:
+def wal_full_pages(url: str, a: DbCounters, b: DbCounters, steps: int) -> float | str:
+    """Bytes of full-page images per step between two readings, or why they could not be read
+    (pg_walinspect not installable: it needs a superuser, as the scratch databases have)."""
+    rows = _walinspect(url, a, b, WAL_FULL_PAGES)
+    if isinstance(rows, str):
+        return rows
+    return round(int(rows[0][0]) / max(steps, 1), 1)
+
+
+def wal_by_relation(url: str, a: DbCounters, b: DbCounters, steps: int) -> dict[str, float] | str:
     """WAL bytes per step between two readings by relation (table or index; "other": records of
-    no relation of this database, commits among them), largest first; empty when
-    pg_walinspect cannot be installed (it needs a superuser, as the scratch databases have)."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        try:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-            rows = conn.execute(WAL_BY_RELATION, {"a": a.wal_lsn, "b": b.wal_lsn}).fetchall()
-        except psycopg.Error:
-            return {}
+    no relation of this database, commits among them), largest first; or why they could not be
+    read (as :func:`wal_full_pages`)."""
+    rows = _walinspect(url, a, b, WAL_BY_RELATION)
+    if isinstance(rows, str):
+        return rows
     return {str(r[0]): round(int(r[1]) / max(steps, 1), 1) for r in rows}
 
 

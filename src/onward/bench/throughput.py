@@ -59,6 +59,7 @@ from onward.automations.builder import Automation
 from onward.bench import median, percentile
 from onward.bench.ceiling import (
     CpuSnap,
+    DbCounters,
     cpu_delta,
     cpu_snapshot,
     db_counters,
@@ -310,9 +311,20 @@ def _drain(url: str, o: dict[str, Any], org: str = "bench") -> dict[str, Any]:
             "history_rows_per_step": (  # the table was `history` before migration 0029
                 tables.get("history_log") or tables.get("history") or {}
             ).get("ins_per_step", 0.0),
-            "wal_by_relation": wal_by_relation(url, db0, db1, executed),
-            "wal_full_page_bytes_per_step": wal_full_pages(url, db0, db1, executed),
+            **_wal_records(url, db0, db1, executed),
         },
+    }
+
+
+def _wal_records(url: str, db0: DbCounters, db1: DbCounters, steps: int) -> dict[str, Any]:
+    """The drain's WAL by relation and its full-page images (pg_walinspect), and why not when
+    they could not be read (printed, so a missing breakdown names its cause)."""
+    by_rel = wal_by_relation(url, db0, db1, steps)
+    fpi = wal_full_pages(url, db0, db1, steps)
+    return {
+        "wal_by_relation": by_rel if isinstance(by_rel, dict) else {},
+        "wal_full_page_bytes_per_step": fpi if isinstance(fpi, float) else None,
+        "wal_inspect_error": next((x for x in (by_rel, fpi) if isinstance(x, str)), None),
     }
 
 
@@ -879,6 +891,8 @@ def render(res: dict[str, Any]) -> str:
         f"{eng['history_rows_per_step']:.2f} rows written to history_log a step (a settle's "
         "event is its step row's)"
     )
+    if eng.get("wal_inspect_error"):
+        lines.append(f"        WAL by relation not read: {eng['wal_inspect_error']}")
     if eng.get("wal_by_relation"):
         rels = list(eng["wal_by_relation"].items())
         lines.append("        WAL bytes per step by relation (pg_walinspect), largest first:")
