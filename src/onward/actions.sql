@@ -5,9 +5,12 @@
 -- module (start.sql fork_run).
 
 -- name: lock_step
--- The run's unfinished step, locked (at most one: steps_one_unfinished).
+-- The run's unfinished step, locked: its latest step while unfinished (a run has at most one
+-- unfinished step, always its last: migration 0034), found by steps_pkey.
 SELECT seq, step_id, kind, iteration, status, wait_kind, error FROM steps
 WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
+  AND seq = (SELECT max(l.seq) FROM steps l
+             WHERE l.org_id = (SELECT %(org_id)s::text) AND l.run_id = %(run_id)s)
   AND status IN ('ready', 'running', 'waiting', 'parked')
 FOR UPDATE;
 

@@ -6,9 +6,12 @@
 -- (signals.lock_run), its timers, its step, its run row.
 
 -- name: lock_step
--- The run's unfinished step, locked (at most one: steps_one_unfinished).
+-- The run's unfinished step, locked: its latest step while unfinished (as actions.sql
+-- lock_step; migration 0034).
 SELECT seq, step_id, status, wait_kind, attempt FROM steps
 WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s
+  AND seq = (SELECT max(l.seq) FROM steps l
+             WHERE l.org_id = (SELECT %(org_id)s::text) AND l.run_id = %(run_id)s)
   AND status IN ('ready', 'running', 'waiting', 'parked')
 FOR UPDATE;
 

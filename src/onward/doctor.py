@@ -112,6 +112,19 @@ async def run_checks(engine: Engine, *, grace: float = 300.0, limit: int = 20) -
                 else "none",
             )
         )
+        row = await (await conn.execute(Q.two_unfinished, {})).fetchone()
+        assert row is not None
+        checks.append(
+            Check(
+                "two_unfinished_steps",
+                row["runs"] == 0,
+                row["runs"],
+                f"e.g. {row['example']}: a running step beside another unfinished step of its "
+                "run (an engine fault: report it)"
+                if row["runs"]
+                else "none",
+            )
+        )
         row = await (await conn.execute(Q.unsettled_effects, {"grace": grace})).fetchone()
         assert row is not None
         checks.append(
@@ -313,9 +326,10 @@ async def measurements(conn: Any, *, grace: float = 300.0, limit: int = 1000) ->
     stale = await (await conn.execute(Q.stale_outbox, {"grace": grace})).fetchone()
     backlog = await (await conn.execute(Q.stale_outbox, {"grace": 0.0})).fetchone()
     expired = await (await conn.execute(Q.expired_leases, {"grace": grace})).fetchone()
+    two = await (await conn.execute(Q.two_unfinished, {})).fetchone()
     unsettled = await (await conn.execute(Q.unsettled_effects, {"grace": grace})).fetchone()
     review = await (await conn.execute(Q.effects_in_review, {})).fetchone()
-    assert overdue and stale and backlog and expired and unsettled and review
+    assert overdue and stale and backlog and expired and two and unsettled and review
     return {
         "runs_without_way_forward": len(no_way),
         "overdue_timers": overdue["overdue"],
@@ -324,6 +338,7 @@ async def measurements(conn: Any, *, grace: float = 300.0, limit: int = 1000) ->
         "outbox_backlog": backlog["stale"],
         "outbox_backlog_oldest": backlog["oldest"],
         "expired_leases": expired["expired"],
+        "two_unfinished_steps": two["runs"],
         "unsettled_effects": unsettled["unsettled"],
         "effects_in_review": review["in_review"],
         "unrouted_signals": (await signals.unrouted(conn, grace=grace))["unrouted"],

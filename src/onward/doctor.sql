@@ -8,9 +8,11 @@
 -- steps are claimable; parked steps wait for the person shown on the parked list.
 SELECT r.org_id, r.run_id, r.status, s.seq, s.status AS step_status, s.wait_kind
 FROM runs r
-LEFT JOIN steps s
-       ON s.org_id = r.org_id AND s.run_id = r.run_id
-      AND s.status IN ('ready', 'running', 'waiting', 'parked')
+LEFT JOIN LATERAL (  -- the run's latest step, its unfinished one if any (migration 0034)
+    SELECT st.org_id, st.run_id, st.seq, st.status, st.wait_kind FROM steps st
+    WHERE st.org_id = r.org_id AND st.run_id = r.run_id
+    ORDER BY st.seq DESC LIMIT 1
+) s ON s.status IN ('ready', 'running', 'waiting', 'parked')
 WHERE r.finished_at IS NULL
   AND r.updated_at < now() - make_interval(secs => %(settle)s)
   AND (s.seq IS NULL
@@ -40,6 +42,23 @@ SELECT count(*) AS expired, min(lease_until) AS oldest
 FROM steps
 WHERE status = 'running' AND lease_until < now() - make_interval(secs => %(grace)s);
 
+-- name: two_unfinished
+-- Running steps that are not their run's only unfinished step: another step of the run is
+-- unfinished, or a later step exists at all. steps_one_unfinished refuses two ready, waiting
+-- or parked steps of a run; a running step is left out of it (migration 0034) because its
+-- successor is written only by the statement that ends it. Read from the steps in flight
+-- (steps_leased), each with its run's steps by steps_pkey (a lateral with a LIMIT: never the
+-- organisation's every waiting step hashed); the healthy answer is zero.
+SELECT count(*) AS runs, min(s.org_id || '/' || s.run_id) AS example
+FROM steps s
+CROSS JOIN LATERAL (
+    SELECT 1 FROM steps o
+    WHERE o.org_id = s.org_id AND o.run_id = s.run_id AND o.seq <> s.seq
+      AND (o.seq > s.seq OR o.status IN ('ready', 'running', 'waiting', 'parked'))
+    LIMIT 1
+) other
+WHERE s.status = 'running';
+
 -- name: unsettled_effects
 -- Effects claimed but neither settled nor parked for a person for longer than the grace
 -- period: their step's lease, reconciliation or retry should have moved them by now.
@@ -63,7 +82,10 @@ FROM leader_leases WHERE org_id = '_system' AND name = 'sweeper';
 -- name: lanes
 -- Per lane (R18): ready steps and the age of the oldest one that is claimable now (a starved
 -- lane shows here first), running steps (slots in use across every worker), and steps parked
--- on a circuit or a budget.
+-- on a circuit or a budget. The statuses as ORs, each its own partial index (steps_claimable,
+-- steps_leased, steps_parked) in one bitmap: as an IN list no index's predicate matches it
+-- (a running step is in no steps_one_unfinished entry: migration 0034), and the plan read
+-- every step.
 SELECT lane,
        count(*) FILTER (WHERE status = 'ready' AND available_at <= now()) AS ready,
        coalesce(extract(epoch FROM now() - min(available_at)
@@ -73,7 +95,7 @@ SELECT lane,
        count(*) FILTER (WHERE status = 'parked' AND wait_kind = 'circuit') AS parked_circuit,
        count(*) FILTER (WHERE status = 'parked' AND wait_kind = 'budget') AS parked_budget
 FROM steps
-WHERE status IN ('ready', 'running', 'parked')
+WHERE status = 'ready' OR status = 'running' OR status = 'parked'
 GROUP BY lane
 ORDER BY lane;
 

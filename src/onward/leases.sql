@@ -1,6 +1,13 @@
 -- Step claims, heartbeats and fenced settles (R3). The claim increments attempt: that number
 -- is the worker's fencing token, and every later write of the step names it, so a worker whose
 -- lease was taken over writes nothing (0 rows). Every comparison uses the database's now().
+-- A statement that names its step (org_id, run_id, seq) fences on `status = (SELECT
+-- 'running'::text)`, a value the planner does not see: a literal lets it read the whole of
+-- steps_leased, whose predicate it implies (every running step: thousands under load),
+-- whenever its statistics call that index nearly empty, instead of the step by steps_pkey.
+-- Before migration 0034 the literal led it to steps_one_unfinished, by the run, instead
+-- (tests/integration/test_batch_plans.py). The batched statements fence on a column
+-- (`holding`) for the same reason.
 
 -- name: claim
 -- Claim up to %(limit)s ready steps of one lane. SKIP LOCKED: concurrent claimers never wait
@@ -41,7 +48,7 @@ FROM claimed c JOIN runs r ON r.org_id = c.org_id AND r.run_id = c.run_id;
 -- reservation: budgets.reserve).
 SELECT true AS held FROM steps
 WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
-  AND attempt = %(attempt)s AND status = 'running'
+  AND attempt = %(attempt)s AND status = (SELECT 'running'::text)
 FOR SHARE;
 
 -- name: heartbeat
@@ -234,7 +241,7 @@ WITH w AS (
     SET status = 'waiting', wait_kind = %(wait_kind)s, signals = %(signals)s::text[],
         owner = NULL, lease_until = NULL, wake = NULL, updated_at = now()
     WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
-      AND attempt = %(attempt)s AND status = 'running'
+      AND attempt = %(attempt)s AND status = (SELECT 'running'::text)
     RETURNING org_id, run_id, seq, step_id, lane, claimed_at
 ),
 t AS (
@@ -313,7 +320,7 @@ WITH s AS (
         wait_kind = %(wait_kind)s, updated_at = now(),
         finished_at = CASE WHEN %(step_status)s IN ('failed', 'cancelled', 'skipped') THEN now() END
     WHERE org_id = (SELECT %(org_id)s::text) AND run_id = %(run_id)s AND seq = %(seq)s
-      AND attempt = %(attempt)s AND status = 'running'
+      AND attempt = %(attempt)s AND status = (SELECT 'running'::text)
     RETURNING org_id, run_id, seq, step_id, claimed_at
 ),
 run AS (
@@ -351,7 +358,7 @@ WITH s AS (
         updated_at = now()
     FROM runs r
     WHERE st.org_id = (SELECT %(org_id)s::text) AND st.run_id = %(run_id)s AND st.seq = %(seq)s
-      AND st.attempt = %(attempt)s AND st.status = 'running'
+      AND st.attempt = %(attempt)s AND st.status = (SELECT 'running'::text)
       AND r.org_id = st.org_id AND r.run_id = st.run_id
       AND r.cancel_requested_at IS NOT NULL AND r.finished_at IS NULL
     RETURNING st.org_id, st.run_id, st.seq, st.step_id, st.claimed_at

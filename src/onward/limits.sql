@@ -19,7 +19,7 @@ SELECT pg_advisory_xact_lock(hashtextextended('onward.limit:' || %(org_id)s || '
 -- of steps that moved on are removed on the way. Answers taken = false when the cap is full.
 -- The steps' status is compared with `(SELECT 'running'::text)`, a value the planner does not
 -- see: a literal would let it read a whole partial index that status implies
--- (steps_one_unfinished: the organisation's every unfinished step) for the few slots of a key,
+-- (steps_leased: every running step) for the few slots of a key,
 -- whenever its statistics call that index nearly empty (tests/integration/test_batch_plans.py).
 WITH gone AS (
     DELETE FROM limit_slots ls

@@ -355,6 +355,10 @@ _HEALTH = {
         "expired_leases",
         "Running steps whose lease lapsed longer than the grace ago, unrescued",
     ),
+    "onward_steps_two_unfinished": (
+        "two_unfinished_steps",
+        "Running steps beside another unfinished step of their run (healthy: 0; an engine fault)",
+    ),
     "onward_effects_unsettled": (
         "unsettled_effects",
         "Effects claimed but neither settled nor parked for review for longer than the grace",

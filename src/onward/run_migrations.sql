@@ -11,12 +11,17 @@ WHERE org_id = (SELECT %(org_id)s::text) AND automation_id = %(automation_id)s
 
 -- name: current_steps
 -- The distinct steps the version's unfinished runs are at now (where "reachable" starts).
--- Served by runs_by_version and steps_one_unfinished.
+-- Served by runs_by_version, and each run's latest step by steps_pkey (a run's unfinished
+-- step is its last: migration 0034).
 SELECT DISTINCT s.step_id
 FROM runs r
-JOIN steps s ON s.org_id = r.org_id AND s.run_id = r.run_id
-            AND s.status IN ('ready', 'running', 'waiting', 'parked')
+CROSS JOIN LATERAL (
+    SELECT st.step_id, st.status FROM steps st
+    WHERE st.org_id = r.org_id AND st.run_id = r.run_id
+    ORDER BY st.seq DESC LIMIT 1
+) s
 WHERE r.org_id = (SELECT %(org_id)s::text) AND r.automation_id = %(automation_id)s
+  AND s.status IN ('ready', 'running', 'waiting', 'parked')
   AND r.version = %(version)s AND r.finished_at IS NULL;
 
 -- name: outputs
@@ -32,9 +37,9 @@ ORDER BY s.step_id, s.seq DESC;
 -- The next page of the version's unfinished runs after the cursor, in run id order, each with
 -- its unfinished step and the status of that step's outside effect (its key names the step id
 -- and iteration): what a batch moves and what a dry run describes. Served by runs_by_version,
--- and each run's step by steps_one_unfinished on the run (a lateral with a LIMIT: never the
--- organisation's every unfinished step hashed against the page, as a plain join was when the
--- statistics called that index nearly empty; tests/integration/test_batch_plans.py).
+-- and each run's step by steps_pkey on the run: its latest, kept when unfinished (migration
+-- 0034; a lateral with a LIMIT: never the organisation's every step hashed against the page;
+-- tests/integration/test_batch_plans.py).
 SELECT r.run_id, r.status, s.seq, s.step_id, s.kind, s.lane, s.status AS step_status,
        s.wait_kind, s.iteration, e.status AS effect
 FROM runs r
@@ -42,9 +47,8 @@ LEFT JOIN LATERAL (
     SELECT st.seq, st.step_id, st.kind, st.lane, st.status, st.wait_kind, st.iteration
     FROM steps st
     WHERE st.org_id = r.org_id AND st.run_id = r.run_id
-      AND st.status IN ('ready', 'running', 'waiting', 'parked')
-    LIMIT 1
-) s ON true
+    ORDER BY st.seq DESC LIMIT 1
+) s ON s.status IN ('ready', 'running', 'waiting', 'parked')
 LEFT JOIN effects e ON e.org_id = r.org_id
                    AND e.effect_key = r.run_id || '/' || s.step_id || '/' || s.iteration
 WHERE r.org_id = (SELECT %(org_id)s::text) AND r.automation_id = %(automation_id)s
@@ -54,13 +58,15 @@ LIMIT %(limit)s;
 
 -- name: lock_step
 -- The run's unfinished step, locked (after the transition lock and the timers), with its
--- effect's status.
+-- effect's status: its latest step while unfinished (as actions.sql lock_step).
 SELECT s.seq, s.step_id, s.kind, s.lane, s.status AS step_status, s.wait_kind, s.iteration,
        e.status AS effect
 FROM steps s
 LEFT JOIN effects e ON e.org_id = s.org_id
                    AND e.effect_key = s.run_id || '/' || s.step_id || '/' || s.iteration
 WHERE s.org_id = (SELECT %(org_id)s::text) AND s.run_id = %(run_id)s
+  AND s.seq = (SELECT max(l.seq) FROM steps l
+               WHERE l.org_id = (SELECT %(org_id)s::text) AND l.run_id = %(run_id)s)
   AND s.status IN ('ready', 'running', 'waiting', 'parked')
 FOR UPDATE OF s;
 

@@ -396,23 +396,21 @@ def test_no_statement_that_names_a_key_reads_a_whole_partial_index(
 
 
 def test_a_page_of_runs_looks_each_runs_step_up_by_the_run(sql: psycopg.Connection) -> None:
-    # a migration's page and the console's pages annotate each run with its unfinished step:
-    # by the run (a lateral with a LIMIT), never the organisation's every unfinished step
-    # hashed against the page
+    # a migration's page and the console's pages annotate each run with its unfinished step,
+    # its latest (migration 0034): by the run (a lateral with a LIMIT), never the
+    # organisation's every step hashed against the page
     _quiet_statistics(sql)
     _quiet_runs(sql)
     page = {"org_id": "acme", "automation_id": "a", "version": 1, "after": "", "limit": 100}
-    _assert_by_key(
-        _scans(_plan(sql, migrations_q.page, page)), "steps", "steps_one_unfinished", "run_id"
-    )
+    _assert_by_key(_scans(_plan(sql, migrations_q.page, page)), "steps", "steps_pkey", "run_id")
     filters = dict.fromkeys(
         ("status", "automation_id", "version", "contact_id", "parked", "since", "until"), None
     )
     console = {"org_id": "acme", **filters, "cursor_at": None, "cursor_id": None, "limit": 50}
     scans = [s for s in _scans(_plan(sql, reads_q.page_older, console)) if s[1].startswith("steps")]
-    # the unfinished step by steps_one_unfinished; the run's latest step (onward_run_now, its
-    # count as it is now: migration 0030) by steps_pkey -- each by the run
-    assert {name for _, name, _ in scans} == {"steps_one_unfinished", "steps_pkey"}, scans
+    # the unfinished step, and the run's latest step (onward_run_now, its count as it is now:
+    # migration 0030), by steps_pkey -- each by the run
+    assert {name for _, name, _ in scans} == {"steps_pkey"}, scans
     assert all("run_id" in cond for _, _, cond in scans), scans
 
 

@@ -194,6 +194,7 @@ def test_counters_add_up_and_gauges_match_doctor(
         ("overdue_timers", "onward_timers_overdue"),
         ("stale_outbox", "onward_outbox_stale"),
         ("expired_leases", "onward_leases_expired"),
+        ("two_unfinished_steps", "onward_steps_two_unfinished"),
         ("unsettled_effects", "onward_effects_unsettled"),
         ("effects_in_review", "onward_effects_in_review"),
         ("unrouted_signals", "onward_signals_unrouted"),

@@ -273,6 +273,10 @@ class Report:
     # runs whose row is behind its steps with no step running (migration 0030: only a running
     # step's run may be behind; every transition out of 'running' catches the row up)
     rows_behind: int = 0
+    # steps entered before the step they follow ended: a run with two unfinished steps at once
+    # (migration 0034 leaves a running step out of steps_one_unfinished: its successor is
+    # written only by the statement that ends it, at the same instant)
+    steps_entered_early: int = 0
     lost: int = 0
     lost_runs: list[str] = field(default_factory=list)
     lost_detail: list[dict[str, Any]] = field(default_factory=list)
@@ -471,6 +475,8 @@ class Report:
             f"   (unfinished at the end {self.unfinished}, no durable way forward "
             f"{self.no_way_forward})",
             f"run rows behind their steps  {self.rows_behind}   (with no step running)",
+            f"steps entered early          {self.steps_entered_early}   (before the step they "
+            "follow ended: two unfinished steps in one run)",
             f"transitions applied twice    {self.double_transitions}"
             + (f"   {self.doubles}" if self.double_transitions else ""),
             "provider duplicates          "
@@ -616,6 +622,13 @@ class Report:
             out.append(f"{self.double_transitions} transitions applied twice")
         if self.rows_behind:
             out.append(f"{self.rows_behind} run rows behind their steps with no step running")
+        if self.steps_entered_early:
+            out.append(f"{self.steps_entered_early} steps entered before their predecessor ended")
+        out.extend(
+            f"doctor: {c['name']} {c['value']}"
+            for c in self.doctor
+            if c["name"] == "two_unfinished_steps" and not c["ok"]
+        )
         if self.double_decisions:
             out.append(f"{self.double_decisions} decisions applied twice")
         if self.decisions_astray:
@@ -708,6 +721,8 @@ def _db_figures(
         report.no_way_forward = len(stuck)
         behind = conn.execute(_ROWS_BEHIND, (org,)).fetchone()
         report.rows_behind = int(behind["n"]) if behind else 0
+        early = conn.execute(_ENTERED_EARLY, (org,)).fetchone()
+        report.steps_entered_early = int(early["n"]) if early else 0
         lost = sorted(unfinished | stuck)
         if lost:
             rows = conn.execute(
@@ -1253,6 +1268,16 @@ WHERE r.org_id = %s
                   AND s.status = 'running')
   AND (now.ctx, now.visits, now.steps_executed, now.current_seq)
       IS DISTINCT FROM (r.ctx, r.visits, r.steps_executed, r.current_seq)
+"""
+
+# Steps written before the step they follow ended: a successor is inserted by the statement
+# that ends its predecessor (leases.sql settle_advance), so its created_at is that step's
+# finished_at (one now()); a fork's copied steps keep their own instants, its new step is later.
+_ENTERED_EARLY = """
+SELECT count(*) AS n
+FROM steps s
+JOIN steps p ON p.org_id = s.org_id AND p.run_id = s.run_id AND p.seq = s.seq - 1
+WHERE s.org_id = %s AND (p.finished_at IS NULL OR p.finished_at > s.created_at)
 """
 
 # Pending requests whose Slack message is posted (the ts is recorded right after the post). Not

@@ -7,9 +7,11 @@
 -- (doctor.sql no_way_forward, for one organisation).
 SELECT r.run_id, r.status, s.seq, s.status AS step_status, s.wait_kind, r.updated_at
 FROM runs r
-LEFT JOIN steps s
-       ON s.org_id = r.org_id AND s.run_id = r.run_id
-      AND s.status IN ('ready', 'running', 'waiting', 'parked')
+LEFT JOIN LATERAL (  -- the run's latest step, its unfinished one if any (migration 0034)
+    SELECT st.org_id, st.run_id, st.seq, st.status, st.wait_kind FROM steps st
+    WHERE st.org_id = r.org_id AND st.run_id = r.run_id
+    ORDER BY st.seq DESC LIMIT 1
+) s ON s.status IN ('ready', 'running', 'waiting', 'parked')
 WHERE r.org_id = (SELECT %(org_id)s::text) AND r.finished_at IS NULL
   AND r.updated_at < now() - make_interval(secs => %(settle)s)
   AND (s.seq IS NULL
@@ -48,7 +50,8 @@ GROUP BY status ORDER BY status;
 
 -- name: lanes
 -- Per lane: ready steps claimable now and the age of the oldest, running steps, and steps
--- parked on a circuit or a budget (doctor.sql lanes, for one organisation).
+-- parked on a circuit or a budget (doctor.sql lanes, for one organisation: its statuses as
+-- ORs, for the same reason).
 SELECT lane,
        count(*) FILTER (WHERE status = 'ready' AND available_at <= now()) AS ready,
        coalesce(extract(epoch FROM now() - min(available_at)
@@ -57,7 +60,8 @@ SELECT lane,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'parked') AS parked
 FROM steps
-WHERE org_id = (SELECT %(org_id)s::text) AND status IN ('ready', 'running', 'parked')
+WHERE org_id = (SELECT %(org_id)s::text)
+  AND (status = 'ready' OR status = 'running' OR status = 'parked')
 GROUP BY lane
 ORDER BY lane;
 

@@ -5,10 +5,10 @@
 
 -- name: page_older
 -- A page of runs, newest first, older than the cursor (created_at, run_id) when one is given.
--- Each run with its unfinished step (at most one: steps_one_unfinished), looked up by the run:
--- the LIMIT keeps the planner from turning the lateral into a join that reads the
--- organisation's every unfinished step and hashes it, as it did when its statistics called
--- that index nearly empty (tests/integration/test_batch_plans.py). The step count as it is
+-- Each run with its unfinished step (at most one, always its latest: migration 0034), looked
+-- up by the run in steps_pkey: the LIMIT keeps the planner from turning the lateral into a
+-- join that reads the organisation's every step and hashes it
+-- (tests/integration/test_batch_plans.py). The step count as it is
 -- now (onward_run_now, migration 0030).
 SELECT r.run_id, r.automation_id, r.version, r.status, r.status_reason, r.contact_id,
        n.steps_executed, r.created_at, r.updated_at, r.finished_at,
@@ -17,9 +17,8 @@ FROM runs r
 LEFT JOIN LATERAL (
     SELECT st.step_id, st.status, st.wait_kind, st.lane FROM steps st
     WHERE st.org_id = r.org_id AND st.run_id = r.run_id
-      AND st.status IN ('ready', 'running', 'waiting', 'parked')
-    LIMIT 1
-) s ON true
+    ORDER BY st.seq DESC LIMIT 1
+) s ON s.status IN ('ready', 'running', 'waiting', 'parked')
 CROSS JOIN LATERAL onward_run_now(r) AS n
 WHERE r.org_id = (SELECT %(org_id)s::text)
   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
@@ -46,9 +45,8 @@ FROM runs r
 LEFT JOIN LATERAL (
     SELECT st.step_id, st.status, st.wait_kind, st.lane FROM steps st
     WHERE st.org_id = r.org_id AND st.run_id = r.run_id
-      AND st.status IN ('ready', 'running', 'waiting', 'parked')
-    LIMIT 1
-) s ON true
+    ORDER BY st.seq DESC LIMIT 1
+) s ON s.status IN ('ready', 'running', 'waiting', 'parked')
 CROSS JOIN LATERAL onward_run_now(r) AS n
 WHERE r.org_id = (SELECT %(org_id)s::text)
   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)

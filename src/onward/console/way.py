@@ -1,8 +1,10 @@
 """ "Way forward now": which durable row will move an unfinished run next, and when.
 
 The design's one test -- stop a process at the worst line, then ask which row lets another
-continue -- asked of one run, now. Every unfinished run has exactly one unfinished step
-(``steps_one_unfinished``), and its state says which row moves it:
+continue -- asked of one run, now. Every unfinished run has exactly one unfinished step, its
+latest (``steps_one_unfinished`` for a ready, waiting or parked one; a running one's successor
+is written only by the statement that ends it: migration 0034), and its state says which row
+moves it:
 
 * ``ready`` -- the step row itself: any worker of its lane claims it at ``available_at`` (a
   wake job is a hint; the sweep finds the row without one);

@@ -669,7 +669,7 @@ CREATE TABLE steps (
 );
 CREATE INDEX steps_claimable ON public.steps USING btree (lane, available_at) WHERE (status = 'ready'::text);
 CREATE INDEX steps_leased ON public.steps USING btree (lease_until) WHERE (status = 'running'::text);
-CREATE UNIQUE INDEX steps_one_unfinished ON public.steps USING btree (org_id, run_id) WHERE (status = ANY (ARRAY['ready'::text, 'running'::text, 'waiting'::text, 'parked'::text]));
+CREATE UNIQUE INDEX steps_one_unfinished ON public.steps USING btree (org_id, run_id) WHERE (status = ANY (ARRAY['ready'::text, 'waiting'::text, 'parked'::text]));
 CREATE INDEX steps_parked ON public.steps USING btree (org_id, wait_kind) WHERE (status = 'parked'::text);
 ALTER TABLE steps SET (fillfactor=70);
 ALTER TABLE steps ENABLE ROW LEVEL SECURITY;

@@ -27,7 +27,7 @@ SELECT seq, step_id, attempt, worker, claimed_at, ended FROM (
     SELECT s.seq, s.step_id, s.attempt, s.claimed_at, NULL, s.owner
     FROM steps s
     WHERE s.run_id = %(run_id)s AND (%(org)s::text IS NULL OR s.org_id = (SELECT %(org)s::text))
-      AND s.status = 'running'
+      AND s.status = (SELECT 'running'::text)  -- not the whole of steps_leased (leases.sql)
 ) a
 WHERE %(seq)s::int IS NULL OR seq = %(seq)s::int
 ORDER BY claimed_at, seq, attempt;
