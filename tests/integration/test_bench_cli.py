@@ -17,8 +17,19 @@ from onward.testing import run_onward
 from tests.integration.benches import bench as _bench
 
 
+def _checkpoints_requested(db_url: str) -> int:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute("SELECT checkpoints_req FROM pg_stat_bgwriter").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str) -> None:
+    checkpoints = _checkpoints_requested(db_url)
     res = _bench(db_url, "throughput", "--quick", "--pairs", "2", "--json")
+    # a CHECKPOINT before each of the two drains and the ceiling's five tiers (at least: the
+    # suite's other tests may ask for more)
+    assert _checkpoints_requested(db_url) - checkpoints >= 7
     runs, steps_per_run = res["options"]["runs"], res["steps_per_run"]
     eng = res["engine"]
     # every run drained, every step executed once, none lost
@@ -77,6 +88,8 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
         assert alt["history_events_per_step"] == 1.0  # the second drain ran every step too
         # of its WAL, the full-page images (a checkpoint in the drain): a part, never more
         assert 0 <= alt["wal_full_page_bytes_per_step"] <= alt["wal_bytes_per_step"]
+        # each drain begun after a CHECKPOINT of its own (this role may: a superuser)
+        assert alt["checkpoint_before"] is True
     m = goals["median"]
     assert m["wal_bytes_per_step"] == round(
         (first["wal_bytes_per_step"] + second["wal_bytes_per_step"]) / 2, 3
@@ -86,6 +99,7 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     text = render(res)  # the same figures as the command prints them
     assert "goals, on the medians of 2 alternation(s)" in text
     assert "of the WAL a step, full-page images" in text
+    assert "each drain begun after a CHECKPOINT)" in text
     wal_line = next(line for line in text.splitlines() if "WAL bytes a step" in line)
     assert (
         wal_line.endswith("met") and ("NOT met" in wal_line) != goals["met"]["wal_bytes_per_step"]

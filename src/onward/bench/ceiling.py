@@ -588,6 +588,26 @@ def _walinspect(url: str, a: DbCounters, b: DbCounters, query: str) -> list[Any]
             return f"pg_walinspect: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
 
 
+def checkpoint(url: str) -> bool:
+    """A checkpoint now, so none falls into the phase that follows (the next timed one is
+    ``checkpoint_timeout`` away, 5 minutes by default; a phase lasts seconds). A page's first
+    change after a checkpoint writes the whole page to WAL, so a timed checkpoint that fell
+    early into a 3-second drain made most of the pages it touched whole-page records: 386 and
+    429 bytes a step of full-page images where a drain no checkpoint fell into had 0.3
+    (2026-12-07, eighth) -- the same rows, a difference of when, not of what the engine wrote.
+    Taken before the phase's own set-up (its starts, its table), whose writes take the pages'
+    first images outside the measured window, as a long-running server's steady state does:
+    its new steps land on new pages (no image) or on pages already written since the last
+    checkpoint. False when this role may not (CHECKPOINT needs a superuser or
+    ``pg_checkpoint``): the phase then runs wherever the timed checkpoints fall."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("CHECKPOINT")
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+    return True
+
+
 def wal_full_pages(url: str, a: DbCounters, b: DbCounters, steps: int) -> float | str:
     """Bytes of full-page images per step between two readings, or why they could not be read
     (pg_walinspect not installable: it needs a superuser, as the scratch databases have)."""
