@@ -589,12 +589,14 @@ def _walinspect(url: str, a: DbCounters, b: DbCounters, query: str) -> list[Any]
 
 
 def checkpoint(url: str) -> bool:
-    """A checkpoint now, so none falls into the phase that follows (the next timed one is
-    ``checkpoint_timeout`` away, 5 minutes by default; a phase lasts seconds). A page's first
-    change after a checkpoint writes the whole page to WAL, so a timed checkpoint that fell
-    early into a 3-second drain made most of the pages it touched whole-page records: 386 and
+    """A checkpoint now, so none falls into the phase that follows: the next timed one is
+    ``checkpoint_timeout`` away (5 minutes by default; a phase lasts seconds), and the WAL
+    counted towards ``max_wal_size`` starts again from nothing (the ceiling's pgbench runs write
+    hundreds of megabytes). A page's first change after a checkpoint writes the whole page to
+    WAL, so a checkpoint that fell early into a 3-second drain made most of the pages it touched whole-page records: 386 and
     429 bytes a step of full-page images where a drain no checkpoint fell into had 0.3
-    (2026-12-07, eighth) -- the same rows, a difference of when, not of what the engine wrote.
+    (2026-12-07, eighth, the embedded PostgreSQL 18), and 0.2-2.5 in every drain begun after
+    this (PostgreSQL 15) -- the same rows, a difference of when, not of what the engine wrote.
     Taken before the phase's own set-up (its starts, its table), whose writes take the pages'
     first images outside the measured window, as a long-running server's steady state does:
     its new steps land on new pages (no image) or on pages already written since the last

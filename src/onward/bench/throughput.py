@@ -28,8 +28,8 @@ One sitting, on a scratch database, in this order:
 
 Before each drain the started runs' tables are vacuumed and analysed, as the ceiling's table
 is (statistics and a visibility map, as autovacuum keeps them in production). Each drain and
-each ceiling tier begins with a ``CHECKPOINT`` (``ceiling.checkpoint``), so no timed checkpoint
-falls into its few seconds and makes the pages it touches whole-page WAL records: the WAL a
+each ceiling tier begins with a ``CHECKPOINT`` (``ceiling.checkpoint``), so no checkpoint (timed,
+or for the WAL's volume) falls into its few seconds and makes the pages it touches whole-page WAL records: the WAL a
 step is the engine's rows, not the minute's (each drain's full-page images are printed still).
 
 The ratio printed is engine steps/s over the minimal loop's steps/s.
