@@ -17,6 +17,13 @@ from onward.testing import run_onward
 from tests.integration.benches import bench as _bench
 
 
+def _setting(db_url: str, name: str) -> str:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def _checkpoints_requested(db_url: str) -> int:
     with psycopg.connect(db_url, autocommit=True) as conn:
         row = conn.execute("SELECT checkpoints_req FROM pg_stat_bgwriter").fetchone()
@@ -100,6 +107,11 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     assert "goals, on the medians of 2 alternation(s)" in text
     assert "of the WAL a step, full-page images" in text
     assert "each drain begun after a CHECKPOINT)" in text
+    # which server the figures are of (the embedded one, or the URL's)
+    server = psycopg.conninfo.conninfo_to_dict(db_url)
+    version = _setting(db_url, "server_version")
+    assert res["server"] == f"PostgreSQL {version} at {server['host']}:{server.get('port', 5432)}"
+    assert f"; server {res['server']}" in text.splitlines()[0]
     wal_line = next(line for line in text.splitlines() if "WAL bytes a step" in line)
     assert (
         wal_line.endswith("met") and ("NOT met" in wal_line) != goals["met"]["wal_bytes_per_step"]

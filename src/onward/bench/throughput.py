@@ -55,6 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from onward import ids
@@ -332,6 +333,19 @@ def _wal_records(url: str, db0: DbCounters, db1: DbCounters, steps: int) -> dict
         "wal_full_page_bytes_per_step": fpi if isinstance(fpi, float) else None,
         "wal_inspect_error": next((x for x in (by_rel, fpi) if isinstance(x, str)), None),
     }
+
+
+def _server(url: str) -> str:
+    """Which server the figures are of: its version and where it listens. Without
+    ``ONWARD_DATABASE_URL`` the benches run on the embedded PostgreSQL (a Unix socket in its
+    data folder), not the machine's own server -- a different version and configuration."""
+    info = conninfo_to_dict(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting('server_version')").fetchone()
+    where = str(info.get("host") or "local socket")
+    if info.get("port") and not where.startswith("/"):
+        where += f":{info['port']}"
+    return f"PostgreSQL {row[0] if row else '?'} at {where}"
 
 
 def _merge_statements(reports: list[dict[str, Any]], steps: int) -> dict[str, Any]:
@@ -765,6 +779,7 @@ def run(
     extra = list(what_if or [])
     more = range(1, o["pairs"] if live else 1)  # the alternations after the sitting's own
     with scratch_database(admin_url, "throughput") as url:
+        res["server"] = _server(url)
         asyncio.run(
             _publish(
                 url,
@@ -835,7 +850,7 @@ def render(res: dict[str, Any]) -> str:
     lines = [
         f"throughput: {o['runs']} runs x {res['steps_per_run']} no-op set steps; {w} worker "
         f"processes x {c} connections (lane fast={o['capacity']}, claim batch {o['batch']}, "
-        "eager, relay + sweeper on)",
+        "eager, relay + sweeper on)" + (f"; server {res['server']}" if res.get("server") else ""),
         f"starts (library, {st['concurrency']} at once): {st['starts_per_s']:.0f} starts/s, "
         f"p50 {st['latency_ms_p50']:.1f} ms, p99 {st['latency_ms_p99']:.1f} ms",
         "",
