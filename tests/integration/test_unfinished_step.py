@@ -12,6 +12,7 @@ import pytest
 
 from onward import Automation
 from onward.cancel import Q as cancel_q
+from onward.chaos.runner import _ENTERED_EARLY
 from onward.doctor import run_checks
 from onward.engine import Engine
 
@@ -61,7 +62,9 @@ async def test_the_index_refuses_two_waiting_steps_and_the_doctor_reports_a_runn
     def step(run: str, seq: int, status: str) -> None:
         sql.execute(
             "INSERT INTO steps (org_id, run_id, seq, step_id, kind, lane, status, attempt,"
-            " owner, lease_until) VALUES (%s, %s, %s, %s, 'set', 'default', %s, 1, %s, %s)",
+            " owner, lease_until, created_at, finished_at) VALUES (%s, %s, %s, %s, 'set',"
+            " 'default', %s, 1, %s, %s, now() + make_interval(secs => %s),"
+            " CASE WHEN %s = 'done' THEN now() + make_interval(secs => %s) END)",
             (
                 ORG,
                 run,
@@ -70,6 +73,9 @@ async def test_the_index_refuses_two_waiting_steps_and_the_doctor_reports_a_runn
                 status,
                 "w" if status == "running" else None,
                 "infinity" if status == "running" else None,
+                seq,  # a step is entered as the one before ends (settle_advance: one now())
+                status,
+                seq,
             ),
         )
 
@@ -97,3 +103,7 @@ async def test_the_index_refuses_two_waiting_steps_and_the_doctor_reports_a_runn
     found = two_unfinished()
     assert not found["ok"] and found["value"] == 1, found
     assert f"{ORG}/r-two" in str(found["detail"])
+    # and `onward chaos` counts its step entered before the one it follows ended (r-wait's
+    # second step was entered as its first ended: not counted)
+    row = sql.execute(_ENTERED_EARLY, (ORG,)).fetchone()
+    assert row is not None and row["n"] == 1, row

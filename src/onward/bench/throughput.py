@@ -28,9 +28,10 @@ One sitting, on a scratch database, in this order:
 
 Before each drain the started runs' tables are vacuumed and analysed, as the ceiling's table
 is (statistics and a visibility map, as autovacuum keeps them in production). Each drain and
-each ceiling tier begins with a ``CHECKPOINT`` (``ceiling.checkpoint``), so no checkpoint (timed,
-or for the WAL's volume) falls into its few seconds and makes the pages it touches whole-page WAL records: the WAL a
-step is the engine's rows, not the minute's (each drain's full-page images are printed still).
+each ceiling tier begins with a ``CHECKPOINT`` (``ceiling.checkpoint``), so no checkpoint
+(timed, or for the WAL's volume) falls into its few seconds and makes the pages it touches
+whole-page WAL records: the WAL a step is the engine's rows, not the minute's (each drain's
+full-page images are printed still).
 
 The ratio printed is engine steps/s over the minimal loop's steps/s.
 
@@ -640,7 +641,7 @@ def _render_goals(goals: dict[str, Any]) -> list[str]:
         + (
             ", each drain begun after a CHECKPOINT)"
             if all(r.get("checkpoint_before") for r in rows)
-            else ", a drain without a CHECKPOINT before it: a timed one may fall into it)"
+            else ", a drain without a CHECKPOINT before it: a checkpoint may fall into it)"
         )
     )
     return lines
