@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from enum import IntEnum
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from onward import policy
+from onward import jsoncodec, policy
 from onward.automations.document import AutomationDoc, RetryPolicy
 from onward.errors import (
     AuthorizationError,
+    InvalidInput,
     NeedsReview,
     OutcomeUnknown,
     PermanentError,
@@ -21,6 +25,7 @@ from onward.errors import (
     RetryableError,
     RunCancelled,
 )
+from onward.inputs import check_storable
 from onward.kinds import Advance, KindSpec, Registry, Wait
 
 
@@ -160,6 +165,62 @@ def test_output_is_what_the_database_will_store() -> None:
     t = result({"at": when, "tuple": (1, 2)})
     assert isinstance(t, policy.Proceed)
     assert t.output == {"at": str(when), "tuple": [1, 2]}
+
+
+def _the_encoders_way(value: Any) -> Any:
+    """What ``_as_stored`` answered for every value before its orjson path for plain dicts."""
+    text = policy._STORED.encode(value)
+    stored = jsoncodec.loads(text)
+    if "\\u0000" in text or "\\ud" in text:
+        check_storable(stored, "the output")
+    return stored
+
+
+_SCALAR = st.one_of(
+    st.text(), st.integers(), st.booleans(), st.floats(), st.none(), st.just("\ud800")
+)
+
+
+@given(st.dictionaries(st.text(), _SCALAR, max_size=6))
+def test_a_plain_dict_is_stored_as_the_encoder_stores_it(value: dict[str, Any]) -> None:
+    # the orjson path (str keys; str, int, bool, None, finite float values) and the encoder's
+    # way agree on every value, refusals included: NaN, NUL, a lone surrogate, a 65-bit int
+    try:
+        expected: Any = _the_encoders_way(value)
+    except (ValueError, TypeError, InvalidInput) as exc:
+        with pytest.raises(type(exc)):
+            policy._as_stored(value)
+        return
+    got = policy._as_stored(value)
+    assert got == expected
+    assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": 2**64 - 1},  # 20 digits, within what orjson writes
+        {"n": 2**64},  # beyond: orjson refuses, the encoder keeps every digit
+        {"n": -(2**63)},
+        {"f": 1e-320, "g": 1.7976931348623157e308, "h": -0.0},
+        {"s": "\U0001f600 caf\u00e9", "nul key \u0000x": 1},
+        {"s": "a\u0000b"},
+        {"x": None, "nan": math.nan},
+        {"inf": -math.inf, "s": "x"},
+        {"nested": {"x": 1}, "list": [None]},
+        {"e": IntEnum("E", "A B").B, "d": datetime(2026, 12, 1, tzinfo=UTC)},
+    ],
+)
+def test_edge_values_are_stored_as_the_encoder_stores_them(value: dict[str, Any]) -> None:
+    try:
+        expected: Any = _the_encoders_way(value)
+    except (ValueError, InvalidInput) as exc:
+        with pytest.raises(type(exc)):
+            policy._as_stored(value)
+        return
+    got = policy._as_stored(value)
+    assert got == expected
+    assert repr(got) == repr(expected)  # -0.0 stays -0.0, an int stays an int
 
 
 def test_next_step_missing_from_the_version_fails() -> None:
