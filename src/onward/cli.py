@@ -1238,6 +1238,7 @@ def bench(
     import importlib
     import inspect
 
+    from onward.bench.db import server
     from onward.db import resolve_url
 
     if name not in BENCHES:
@@ -1269,10 +1270,17 @@ def bench(
         if v is not None and k in accepted
     }
     result = module.run(url, quick=quick, **options)
+    # which server the figures are of: without ONWARD_DATABASE_URL, the embedded PostgreSQL,
+    # not the machine's own (another version and configuration). A bench that names it on
+    # its own first line (throughput) has it already; the others' text begins with it.
+    named = "server" in result
+    if not named:
+        result["server"] = server(url)
     if as_json:
         _print_json(result)
     else:
-        typer.echo(module.render(result))
+        text = module.render(result)
+        typer.echo(text if named else f"server: {result['server']}\n{text}")
 
 
 @app.command()

@@ -48,6 +48,24 @@ def test_bench_sweep_quick_prints_flat_figures(db_url: str) -> None:
     assert [s["backlog"] for s in result["sizes"]] == [1_000, 10_000]
     assert all(s["fired_per_batch"] == 240 for s in result["sizes"])
     assert any("timers_due" in line for line in result["explain"])
+    # which server the figures are of, named by the command for a bench that does not itself
+    assert result["server"] == _server_of(db_url)
+
+
+def test_bench_text_begins_with_the_server_it_measured(db_url: str) -> None:
+    out = _onward(db_url, "bench", "sweep", "--quick")
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()[:2]
+    assert first == f"server: {_server_of(db_url)}"
+    assert second.startswith("sweep")  # the bench's own text follows
+
+
+def _server_of(db_url: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    assert row is not None
+    return f"PostgreSQL {row[0]} at {info['host']}:{info.get('port', 5432)}"
 
 
 def test_bench_latency_quick_measures_both_modes(db_url: str) -> None:

@@ -56,7 +56,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from onward import ids
@@ -81,7 +80,7 @@ from onward.bench.ceiling import (
     wal_by_relation,
     wal_full_pages,
 )
-from onward.bench.db import scratch_database
+from onward.bench.db import scratch_database, server
 from onward.bench.proc import Child, warm_pool
 from onward.config import Settings, env_start_batches
 from onward.engine import Engine
@@ -334,19 +333,6 @@ def _wal_records(url: str, db0: DbCounters, db1: DbCounters, steps: int) -> dict
         "wal_full_page_bytes_per_step": fpi if isinstance(fpi, float) else None,
         "wal_inspect_error": next((x for x in (by_rel, fpi) if isinstance(x, str)), None),
     }
-
-
-def _server(url: str) -> str:
-    """Which server the figures are of: its version and where it listens. Without
-    ``ONWARD_DATABASE_URL`` the benches run on the embedded PostgreSQL (a Unix socket in its
-    data folder), not the machine's own server -- a different version and configuration."""
-    info = conninfo_to_dict(url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT current_setting('server_version')").fetchone()
-    where = str(info.get("host") or "local socket")
-    if info.get("port") and not where.startswith("/"):
-        where += f":{info['port']}"
-    return f"PostgreSQL {row[0] if row else '?'} at {where}"
 
 
 def _merge_statements(reports: list[dict[str, Any]], steps: int) -> dict[str, Any]:
@@ -780,7 +766,7 @@ def run(
     extra = list(what_if or [])
     more = range(1, o["pairs"] if live else 1)  # the alternations after the sitting's own
     with scratch_database(admin_url, "throughput") as url:
-        res["server"] = _server(url)
+        res["server"] = server(url)
         asyncio.run(
             _publish(
                 url,
