@@ -319,9 +319,8 @@ def skipped_by_operator(wake: Mapping[str, Any] | None) -> Advance | None:
 
 
 _STORED = json.JSONEncoder(default=str, allow_nan=False)  # made once, not on every call
-_PLAIN = frozenset(
-    {str, int, bool, type(None)}
-)  # exact types: a subclass may write itself otherwise
+# exact types (``type(v) in``): a subclass may write itself otherwise
+_PLAIN = frozenset({str, int, bool, type(None)})
 
 
 def _plain(value: dict[Any, Any]) -> bool:
