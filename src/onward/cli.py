@@ -1225,6 +1225,13 @@ def bench(
             "are judged on (throughput; 3 unless --quick)",
         ),
     ] = None,
+    capacity: Annotated[
+        int | None,
+        typer.Option(
+            help="each worker's lane capacity and claim batch (throughput; unless given, the "
+            "grouped ceiling's steps in flight a process: connections x 32)",
+        ),
+    ] = None,
 ) -> None:
     """Benchmarks that print their figures beside the machine's own ceiling.
 
@@ -1258,6 +1265,10 @@ def bench(
         _fail([f"bench {name!r} takes no --pairs"], 2)
     if pairs is not None and curve is not None:
         _fail(["--pairs is for one worker count, not a scaling curve"], 2)
+    if capacity is not None and not 1 <= capacity <= 10_000:
+        _fail([f"--capacity {capacity}: a whole number from 1 to 10000"], 2)
+    if capacity is not None and "capacity" not in accepted:
+        _fail([f"bench {name!r} takes no --capacity"], 2)
     options = {
         k: v
         for k, v in {
@@ -1265,6 +1276,7 @@ def bench(
             "workers": single,
             "curve": curve,
             "pairs": pairs,
+            "capacity": capacity,
             "redis_url": settings.redis_url,
         }.items()
         if v is not None and k in accepted

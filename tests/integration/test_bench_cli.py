@@ -38,6 +38,9 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     # suite's other tests may ask for more)
     assert _checkpoints_requested(db_url) - checkpoints >= 7
     runs, steps_per_run = res["options"]["runs"], res["steps_per_run"]
+    # a worker holds as many steps at once as a process of the grouped ceiling
+    o = res["options"]
+    assert o["capacity"] == o["batch"] == o["conns"] * o["loop_batch"] == o["conns"] * 32
     eng = res["engine"]
     # every run drained, every step executed once, none lost
     assert eng["runs"] == runs and eng["steps"] == runs * steps_per_run
@@ -126,6 +129,7 @@ def test_bench_throughput_quick_curve_prints_one_point_per_worker_count(db_url: 
     for p in res["curve"]:
         # each point drained every run once, beside the grouped ceiling of as many processes
         assert p["steps"] == runs * steps_per_run and p["lost"] == 0
+        assert p["capacity"] == p["conns_per_worker"] * 32  # the ceiling's steps in flight
         assert p["steps_per_s"] > 0 and 0 < p["commits_per_step"] < 1.5
         g = p["grouped"]
         assert g["steps"] == runs * steps_per_run and 0 < g["commits_per_step"] < 1.0
@@ -137,9 +141,20 @@ def test_bench_throughput_quick_curve_prints_one_point_per_worker_count(db_url: 
         for share in (p["pg_cpu_share"], g["pg_cpu_share"]):
             assert 0 <= share < 3.0
         assert p["ratio"] == round(p["steps_per_s"] / g["steps_per_s"], 3)
-    text = run_onward(db_url, "bench", "throughput", "--quick", "--workers", "1,2", timeout=300)
+    text = run_onward(
+        db_url,
+        "bench",
+        "throughput",
+        "--quick",
+        "--workers",
+        "1,2",
+        "--capacity",
+        "16",
+        timeout=300,
+    )
     assert text.returncode == 0, text.stderr
     assert "pg CPU" in text.stdout and "1 -> 2 workers: steps/s x" in text.stdout
+    assert "lane fast=16, claim batch 16" in text.stdout  # --capacity, as given
 
 
 def test_bench_workers_refuses_a_bad_count_in_one_line(db_url: str) -> None:
@@ -150,6 +165,8 @@ def test_bench_workers_refuses_a_bad_count_in_one_line(db_url: str) -> None:
         (("throughput", "--pairs", "0"), "--pairs 0: a whole number from 1 to 9"),
         (("latency", "--pairs", "2"), "bench 'latency' takes no --pairs"),
         (("throughput", "--pairs", "2", "--workers", "1,2"), "not a scaling curve"),
+        (("throughput", "--capacity", "0"), "--capacity 0: a whole number from 1 to 10000"),
+        (("latency", "--capacity", "8"), "bench 'latency' takes no --capacity"),
     ):
         out = run_onward(db_url, "bench", *bad, "--quick", timeout=60)
         assert out.returncode == 2, (bad, out.stderr)
