@@ -1228,8 +1228,7 @@ def bench(
     capacity: Annotated[
         int | None,
         typer.Option(
-            help="each worker's lane capacity and claim batch (throughput; unless given, the "
-            "grouped ceiling's steps in flight a process: connections x 32)",
+            help="each worker's lane capacity and claim batch (throughput; 128 unless --quick)",
         ),
     ] = None,
 ) -> None:

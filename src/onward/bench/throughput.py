@@ -5,9 +5,8 @@ One sitting, on a scratch database, in this order:
 1. **starts**: N runs (10,000 unless ``--runs``) of a 3-step automation of no-op ``set`` steps
    are started through the library (``Engine.start``, ``starters`` at once) while W worker
    processes wait, idle.
-2. **drain**: the workers (lane ``fast`` only, eager continuation, relay and sweeper on, as
-   ``onward worker`` runs them; the lane's capacity and claim batch are the steps a process of
-   the grouped ceiling holds at once, ``in_flight``) are told to go and drain the N runs. Measured:
+2. **drain**: the workers (lane ``fast`` only, a big claim batch, eager continuation, relay and
+   sweeper on, as ``onward worker`` runs them) are told to go and drain the N runs. Measured:
    steps/s, runs/s, each run's latency from its first claim to its completion, commits per
    step (``pg_stat_database.xact_commit`` of the scratch database: every transaction, read-only
    ones too), write transactions per step (``txid_current()`` deltas, cluster-wide), WAL bytes
@@ -109,19 +108,6 @@ GOAL_HISTORY_ROWS_PER_STEP = 1.1
 GOAL_COMMITS_PER_STEP = 0.1
 GOAL_WORKER_RSS_MB = 100.0
 CURVE_CONNECTIONS = 32  # pool connections of all the workers of a curve point together
-#: the grouped ceiling's claim batch: each of its connections claims this many steps and
-#: settles them in one statement
-LOOP_BATCH = 32
-
-
-def in_flight(conns: int) -> int:
-    """A worker's lane capacity (and claim batch) in this bench: the steps a process of the
-    grouped ceiling holds at once, its connections x ``LOOP_BATCH`` (320 with 10). At 128, a
-    worker held 256 steps to the ceiling's 640 and waited on its own settles: 0.88-0.91 of the
-    machine busy against the ceiling's 0.94-0.98. In alternated drains of 2026-12-07 (20,000
-    runs, beside one grouped ceiling each), 128 gave 0.478 and 0.521 of the ceiling, 320 0.626
-    and 0.595 (busy 0.96; README, "tenth"). ``--capacity`` sets it."""
-    return conns * LOOP_BATCH
 
 
 def _settings(url: str, org: str) -> Settings:
@@ -658,8 +644,6 @@ def _pg_share(tier: dict[str, Any], cores: int) -> float:
 
 def _curve_point(url: str, o: dict[str, Any], workers: int, cores: int) -> dict[str, Any]:
     p = {**o, "workers": workers, "conns": max(2, min(o["conns"], CURVE_CONNECTIONS // workers))}
-    if o.get("capacity_follows"):  # each point at its grouped ceiling's concurrency
-        p["capacity"] = p["batch"] = in_flight(p["conns"])
     org = f"curve{workers}"
     asyncio.run(_publish(url, [org]))
     eng = _drain(url, p, org=org)["engine"]
@@ -667,7 +651,6 @@ def _curve_point(url: str, o: dict[str, Any], workers: int, cores: int) -> dict[
     return {
         "workers": workers,
         "conns_per_worker": p["conns"],
-        "capacity": p["capacity"],
         "steps": eng["steps"],
         "steps_per_s": eng["steps_per_s"],
         "commits_per_step": eng["commits_per_step"],
@@ -700,15 +683,9 @@ def _run_curve(admin_url: str, o: dict[str, Any], counts: list[int]) -> dict[str
 
 def _render_curve(res: dict[str, Any]) -> str:
     o = res["options"]
-    lanes = (
-        f"lane fast and claim batch = connections x {o['loop_batch']}, the grouped ceiling's "
-        "steps in flight"
-        if o.get("capacity_follows")
-        else f"lane fast={o['capacity']}, claim batch {o['batch']}"
-    )
     lines = [
         f"throughput scaling curve: {o['runs']} runs x {res['steps_per_run']} no-op set steps "
-        f"per point ({lanes}, eager, relay + "
+        f"per point (lane fast={o['capacity']}, claim batch {o['batch']}, eager, relay + "
         f"sweeper on); beside each, the grouped ceiling ({o['loop_batch']} settles a "
         f"statement) with as many processes and connections; pg CPU share = PostgreSQL's CPU "
         f"seconds / wall seconds / {res['cores']} cores",
@@ -775,16 +752,17 @@ def run(
         "runs": runs or (30 if quick else 10_000),
         "workers": workers or (1 if quick else 2),
         "conns": conns or (2 if quick else 10),
-        "loop_batch": LOOP_BATCH,
+        # each worker's lane capacity and claim batch. 128: the same sitting's drains (10,000
+        # runs, 2026-12-07, README "tenth") at 320 -- the steps a process of the grouped
+        # ceiling holds at once -- kept the machine busier (0.96-0.97 against 0.88-0.91) but
+        # spent more CPU a step, and drained no faster
+        "batch": batch or capacity or (32 if quick else 128),
+        "capacity": capacity or (32 if quick else 128),
+        "loop_batch": 32,
         "starters": starters or (4 if quick else 16),
         "reps": reps or (1 if quick else 3),
         "pairs": pairs or (1 if quick else 3),
     }
-    # as many steps in flight a worker as a process of the grouped ceiling holds (its
-    # connections x its claim batch): the two compared at the same concurrency
-    o["capacity"] = capacity or in_flight(o["conns"])
-    o["batch"] = batch or o["capacity"]
-    o["capacity_follows"] = capacity is None
     if curve:
         return _run_curve(admin_url, o, list(curve))
     n, w, c = o["runs"], o["workers"], o["conns"]
