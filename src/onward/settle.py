@@ -48,12 +48,17 @@ class SettleBatcher:
 
     async def settle(self, item: AdvanceSettle) -> dict[str, Any] | None:
         """Settle one advance; returns its run row, or None when its lease was lost."""
+        return await self.submit(item)
+
+    def submit(self, item: AdvanceSettle) -> asyncio.Future[dict[str, Any] | None]:
+        """Hand one advance to the next batch; the future answers as ``settle`` does (awaited
+        directly, a step's settle costs no coroutine of its own)."""
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._loop())
         fut: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
         self._pending.append((item, fut))
         self._kick.set()
-        return await fut
+        return fut
 
     async def _loop(self) -> None:
         while True:
@@ -205,7 +210,7 @@ class Settler:
         """Done + enter the next step (claimed by this worker when ``eager``) or complete the
         run, grouped with other chains' advances. Returns the run row, None if the lease was
         lost."""
-        row = await self.batcher.settle(
+        row = await self.batcher.submit(
             AdvanceSettle(
                 token,
                 t.output,

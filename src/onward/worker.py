@@ -160,6 +160,11 @@ class Worker:
         #: immutable, so this never goes stale)
         self._reads: dict[tuple[str, str, int], frozenset[str] | None] = {}
         self._params_cache: dict[tuple[str, str, int, str], Any] = {}
+        #: per (org, automation, version, step id): the version, its step and the step's
+        #: timeout in seconds -- one lookup a step instead of the version cache's coroutine, the
+        #: document's step search and the duration's parse (versions are immutable)
+        self._steps: dict[tuple[str, str, int, str], tuple[AutomationDoc, StepDef, float | None]]
+        self._steps = {}
         self.settler = Settler(pool, self.id, settings.lease_seconds)
         cel.load()  # once, here: not in the first step's time
 
@@ -384,12 +389,20 @@ class Worker:
         if stop is not None and not reconcile_only:
             await self._write(token, stop)
             return None
-        try:
-            doc = await self.versions.get(row["org_id"], row["automation_id"], row["version"])
-            step = doc.step(row["step_id"])
-        except (UnknownAutomation, KeyError):
-            await self._write(token, policy.step_not_in_version(row["step_id"]))
-            return None
+        key = (row["org_id"], row["automation_id"], row["version"], row["step_id"])
+        known = self._steps.get(key)
+        if known is None:
+            try:
+                doc = await self.versions.get(row["org_id"], row["automation_id"], row["version"])
+                step = doc.step(row["step_id"])
+            except (UnknownAutomation, KeyError):
+                await self._write(token, policy.step_not_in_version(row["step_id"]))
+                return None
+            if len(self._steps) > 10_000:
+                self._steps.clear()
+            timeout = parse_duration(step.timeout) if step.timeout is not None else None
+            known = self._steps[key] = (doc, step, timeout)
+        doc, step, timeout = known
         skipped = policy.skipped_by_operator(row["wake"])
         if skipped is not None:  # a person chose "skip": the kind does not run
             return await self._after_result(row, token, step, doc, skipped)
@@ -432,7 +445,6 @@ class Worker:
             now=row.get("db_now"),
             automation=doc,
         )
-        timeout = parse_duration(step.timeout) if step.timeout is not None else None
         log.debug("step %s (%s) running", step.id, row["kind"])
         try:
             with tracing.step_span(
@@ -469,17 +481,23 @@ class Worker:
         if stop is not None:
             await self._write(token, stop)
             return None
-        return await self._after_result(row, token, step, doc, result)
+        # as _after_result, inline: one coroutine less a step
+        t = self._decide(row, step, doc, result)
+        if not isinstance(t, policy.Proceed):
+            await self._write(token, t)
+            return None
+        return await self._proceed(row, token, step, t)
 
-    async def _after_result(
-        self, row: dict[str, Any], token: Token, step: StepDef, doc: AutomationDoc, result: Any
-    ) -> dict[str, Any] | None:
+    def _decide(
+        self, row: dict[str, Any], step: StepDef, doc: AutomationDoc, result: Any
+    ) -> policy.Proceed | policy.WaitTimer | policy.Stop:
+        """What the kind's answer means for the run (``policy.after_result``)."""
         key = (row["org_id"], row["automation_id"], row["version"])
         if key not in self._reads:
             if len(self._reads) > 10_000:
                 self._reads.clear()
             self._reads[key] = policy.outputs_read(doc, self.registry)
-        t = policy.after_result(
+        return policy.after_result(
             result,
             step=step,
             doc=doc,
@@ -487,6 +505,11 @@ class Worker:
             visits=row["visits"],
             reads=self._reads[key],
         )
+
+    async def _after_result(
+        self, row: dict[str, Any], token: Token, step: StepDef, doc: AutomationDoc, result: Any
+    ) -> dict[str, Any] | None:
+        t = self._decide(row, step, doc, result)
         if not isinstance(t, policy.Proceed):
             await self._write(token, t)
             return None
@@ -512,7 +535,10 @@ class Worker:
         if held is not None and task is not None:
             held.calling = task
         try:
-            result = await self._invoke(spec, ctx, timeout)
+            if timeout is None:  # the handler's own coroutine, no wrapper around it
+                result = await spec.handler(ctx)
+            else:
+                result = await self._invoke(spec, ctx, timeout)
         except asyncio.CancelledError:
             if held is not None and held.cancelled and task is not None and task.uncancel() == 0:
                 raise _LeaseLostError() from None
@@ -526,9 +552,8 @@ class Worker:
         return result
 
     @staticmethod
-    async def _invoke(spec: KindSpec, ctx: StepContext, timeout: float | None) -> Any:
-        if timeout is None:
-            return await spec.handler(ctx)
+    async def _invoke(spec: KindSpec, ctx: StepContext, timeout: float) -> Any:
+        """The handler within the step's ``timeout``."""
         scope = asyncio.timeout(timeout)
         try:
             async with scope:
