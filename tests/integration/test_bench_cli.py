@@ -83,9 +83,14 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     goals = res["goals"]
     first, second = goals["alternations"]
     assert first["drain_steps_per_s"] == eng["steps_per_s"]
-    assert first["grouped_steps_per_s"] == grouped["steps_per_s"]
+    # each drain between two grouped ceilings, its ratio against their mean; the sitting's
+    # own second one is the table's grouped row
+    assert first["grouped_after_steps_per_s"] == grouped["steps_per_s"]
     assert first["live_steps_per_s"] == live["steps_per_s"]
     for alt in (first, second):
+        before, after = alt["grouped_before_steps_per_s"], alt["grouped_after_steps_per_s"]
+        assert before > 0 and after > 0
+        assert alt["grouped_steps_per_s"] == round((before + after) / 2, 1)
         assert alt["drain_over_grouped"] == round(
             alt["drain_steps_per_s"] / alt["grouped_steps_per_s"], 3
         )
@@ -106,6 +111,7 @@ def test_bench_throughput_quick_drains_every_run_beside_its_ceiling(db_url: str)
     text = render(res)  # the same figures as the command prints them
     assert "goals, on the medians of 2 alternation(s)" in text
     assert "of the WAL a step, full-page images" in text
+    assert "grouped, the mean of before and after each drain," in text
     assert "each drain begun after a CHECKPOINT)" in text
     # which server the figures are of (the embedded one, or the URL's)
     server = psycopg.conninfo.conninfo_to_dict(db_url)
